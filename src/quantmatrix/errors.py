@@ -1,0 +1,23 @@
+"""Every exception quantmatrix raises on purpose, in one place (structlog style)."""
+
+from __future__ import annotations
+
+
+class QuantmatrixError(Exception):
+    """Base class: a message meant for a human, never a traceback."""
+
+
+class MatrixError(QuantmatrixError):
+    """A matrix file is malformed; the message starts with file:line:column."""
+
+
+class HardwareMismatch(QuantmatrixError):
+    """A case needs a GPU arch this host does not have (raised only under --strict-hardware)."""
+
+
+class AdapterMismatch(QuantmatrixError):
+    """The installed vLLM no longer fits quantmatrix's adapter: fail loudly, never skip."""
+
+
+class CheckpointUnavailable(QuantmatrixError):
+    """A checkpoint cannot be materialised here (e.g. not in the local HF cache)."""

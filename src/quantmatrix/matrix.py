@@ -1,0 +1,644 @@
+"""Matrix schema and expansion: YAML axes -> cells -> cases.
+
+The file is composed into YAML nodes (safe tags only, nothing constructed) and validated node by node, so
+every error carries file:line:column, the key, what was expected and, for a misspelt key, the closest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantmatrix.errors import MatrixError
+
+PRODUCERS = ("modelopt", "compressed-tensors", "none")
+TIERS = ("cpu", "gpu")
+RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
+SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
+# Marks pytest itself owns: an axis value with one of these names would change test behaviour.
+_RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
+                     "trylast", "and", "or", "not", "true", "false", "none"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A GPU family, matched by exact compute capability (never `>=`)."""
+
+    name: str
+    capability: tuple[int, int]
+    aliases: tuple[str, ...]
+    label: str
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.label})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """An allocator / execution mode: environment for the engine process plus engine arguments."""
+
+    name: str
+    env: Mapping[str, str]
+    engine_args: Mapping[str, Any]
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A quantization scheme a checkpoint claims, with the marker and default expectations it carries."""
+
+    name: str
+    marker: str
+    label: str
+    expect: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
+
+    kind: str
+    value: Any
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    id: str
+    source: Source
+    producer: str
+    scheme: Scheme
+    expect: Mapping[str, Any]
+    label: str
+    where: str
+
+    def expectation(self, key: str) -> Any:
+        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass."""
+        if key in self.expect:
+            return self.expect[key]
+        if key in self.scheme.expect:
+            return self.scheme.expect[key]
+        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r} "
+                          f"(neither under its `expect:` nor under scheme {self.scheme.name!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A check from suites/ (test_<name>), and which cells it applies to."""
+
+    name: str
+    kind: str
+    tier: str
+    schemes: tuple[str, ...] | None
+    producers: tuple[str, ...] | None
+    description: str
+
+    def applies_to(self, cell: Cell) -> bool:
+        if self.schemes is not None and cell.checkpoint.scheme.name not in self.schemes:
+            return False
+        return self.producers is None or cell.checkpoint.producer in self.producers
+
+
+@dataclasses.dataclass(frozen=True)
+class Selector:
+    """Glob patterns per axis; an axis not named matches everything."""
+
+    patterns: Mapping[str, tuple[str, ...]]
+
+    def matches(self, cell: Cell, check: str | None = None) -> bool:
+        values = {
+            "checkpoint": (cell.checkpoint.id,),
+            "arch": (cell.arch.name, *cell.arch.aliases),
+            "mode": (cell.mode.name,),
+            "scheme": (cell.checkpoint.scheme.name,),
+            "producer": (cell.checkpoint.producer,),
+            "check": (check,) if check is not None else None,
+        }
+        for key, pats in self.patterns.items():
+            have = values[key]
+            if have is None:  # a check-specific selector never matches a cell as a whole
+                return False
+            if not any(fnmatch.fnmatchcase(v, p) for v in have for p in pats):
+                return False
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiver:
+    selector: Selector
+    reason: str
+    link: str
+    expires: datetime.date
+    where: str
+
+    def expired(self, today: datetime.date) -> bool:
+        return today > self.expires
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """checkpoint x arch x mode."""
+
+    checkpoint: Checkpoint
+    arch: Arch
+    mode: Mode
+
+    @property
+    def id(self) -> str:
+        return f"{self.checkpoint.id}@{self.arch.name}-{self.mode.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A check applied to a cell."""
+
+    check: Check
+    cell: Cell
+    waiver: Waiver | None
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        c = self.cell
+        return (c.arch.name, *c.arch.aliases, c.checkpoint.scheme.marker, c.mode.name, self.check.tier,
+                self.check.kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    path: Path
+    archs: tuple[Arch, ...]
+    modes: tuple[Mode, ...]
+    schemes: Mapping[str, Scheme]
+    checks: Mapping[str, Check]
+    checkpoints: tuple[Checkpoint, ...]
+    include: tuple[Selector, ...]
+    exclude: tuple[Selector, ...]
+    waivers: tuple[Waiver, ...]
+
+    def cells(self) -> list[Cell]:
+        out = []
+        for ck in self.checkpoints:
+            for arch in self.archs:
+                for mode in self.modes:
+                    cell = Cell(ck, arch, mode)
+                    if self.include and not any(s.matches(cell) for s in self.include):
+                        continue
+                    if any(s.matches(cell) for s in self.exclude):
+                        continue
+                    out.append(cell)
+        return out
+
+    def cases(self, check: Check) -> list[Case]:
+        return [Case(check, cell, self.waiver_for(cell, check.name)) for cell in self.cells()
+                if check.applies_to(cell)]
+
+    def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
+        return next((w for w in self.waivers if w.selector.matches(cell, check)), None)
+
+    def arch(self, name: str) -> Arch:
+        """Look an arch up by name or alias; a typo gets the closest names."""
+        for a in self.archs:
+            if name == a.name or name in a.aliases:
+                return a
+        names = [n for a in self.archs for n in (a.name, *a.aliases)]
+        raise MatrixError(f"{self.path}: no arch {name!r}{_closest(name, names)}; known: {', '.join(names)}")
+
+    def arch_for_capability(self, capability: tuple[int, int]) -> Arch | None:
+        return next((a for a in self.archs if a.capability == tuple(capability)), None)
+
+    def markers(self) -> dict[str, str]:
+        """Every marker a case can carry, with the help line `pytest --markers` shows."""
+        out: dict[str, str] = {t: f"quantmatrix tier {t}" for t in TIERS}
+        for a in self.archs:
+            out[a.name] = f"quantmatrix arch {a.describe()}"
+            for al in a.aliases:
+                out[al] = f"quantmatrix arch alias of {a.name} ({a.label})"
+        for m in self.modes:
+            out[m.name] = f"quantmatrix mode: {m.label}"
+        for s in self.schemes.values():
+            out.setdefault(s.marker, f"quantmatrix scheme {s.label}")
+        for c in self.checks.values():
+            out.setdefault(c.kind, f"quantmatrix check kind {c.kind}")
+        return out
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def _closest(word: str, options: Iterable[str]) -> str:
+    hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {hit[0]!r}?)" if hit else ""
+
+
+class _Doc:
+    """One YAML file being validated: turns nodes into values, errors into file:line:column messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    def where(self, node: yaml.Node) -> str:
+        m = node.start_mark
+        return f"{self.path}:{m.line + 1}:{m.column + 1}"
+
+    def error(self, node: yaml.Node, message: str) -> MatrixError:
+        return MatrixError(f"{self.where(node)}: {message}")
+
+    def scalar(self, node: yaml.Node, what: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.error(node, f"{what}: expected a single value, got a {_kind(node)}")
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError as e:
+            raise self.error(node, f"{what}: {e.problem}") from None
+
+    def typed(self, node: yaml.Node, what: str, types: tuple[type, ...], expected: str) -> Any:
+        value = self.scalar(node, what)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise self.error(node, f"{what}: expected {expected}, got {_show(value)}")
+        return value
+
+    def mapping(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        """The (key, key node, value node) triples of a mapping; duplicate keys are an error."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, f"{what}: expected a mapping, got {_kind(node)}")
+        seen: dict[str, yaml.Node] = {}
+        out = []
+        for knode, vnode in node.value:
+            key = self.scalar(knode, f"{what} key")
+            if not isinstance(key, str):
+                raise self.error(knode, f"{what}: keys must be strings, got {_show(key)}")
+            if key in seen:
+                raise self.error(knode, f"{what}: duplicate key {key!r} (first at line "
+                                        f"{seen[key].start_mark.line + 1})")
+            seen[key] = knode
+            out.append((key, knode, vnode))
+        return out
+
+    def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, f"{what}: expected a list, got {_kind(node)}")
+        return list(node.value)
+
+    def record(self, node: yaml.Node, what: str, fields: Mapping[str, Field]) -> dict[str, Any]:
+        """Validate a mapping against `fields`: unknown keys, missing keys and wrong types are errors."""
+        out: dict[str, Any] = {}
+        for key, knode, vnode in self.mapping(node, what):
+            field = fields.get(key)
+            if field is None:
+                raise self.error(knode, f"{what}: unknown key {key!r}{_closest(key, fields)}; "
+                                        f"expected one of: {', '.join(fields)}")
+            out[key] = field.convert(self, vnode, f"{what}.{key}")
+            out[f"@{key}"] = vnode
+        for key, field in fields.items():
+            if key not in out:
+                if field.required:
+                    raise self.error(node, f"{what}: missing required key {key!r} ({field.help})")
+                out[key] = field.default() if callable(field.default) else field.default
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    convert: Callable[[_Doc, yaml.Node, str], Any]
+    help: str
+    required: bool = True
+    default: Any = None
+
+
+def _kind(node: yaml.Node) -> str:
+    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
+
+
+def _show(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _str(doc: _Doc, node: yaml.Node, what: str) -> str:
+    return doc.typed(node, what, (str,), "a string")
+
+
+def _pattern(regex: re.Pattern[str], expected: str) -> Callable[[_Doc, yaml.Node, str], str]:
+    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
+        value = _str(doc, node, what)
+        if not regex.match(value):
+            raise doc.error(node, f"{what}: {value!r} is not {expected}")
+        return value
+    return convert
+
+
+_name = _pattern(_NAME, "a name (letters, digits and _, not starting with a digit)")
+_id = _pattern(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
+
+
+def _marker(doc: _Doc, node: yaml.Node, what: str) -> str:
+    value = _name(doc, node, what)
+    if value.lower() in _RESERVED_MARKERS:
+        raise doc.error(node, f"{what}: {value!r} is reserved by pytest or its -m grammar; choose another name")
+    return value
+
+
+def _bool(doc: _Doc, node: yaml.Node, what: str) -> bool:
+    return doc.typed(node, what, (bool,), "true or false")
+
+
+def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
+    opts = tuple(options)
+
+    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
+        value = doc.scalar(node, what)
+        if value not in opts:
+            hint = _closest(value, opts) if isinstance(value, str) else ""
+            raise doc.error(node, f"{what}: expected one of {', '.join(opts)}; got {value!r}{hint}")
+        return value
+    return convert
+
+
+def _list(item: Callable[[_Doc, yaml.Node, str], Any]) -> Callable[[_Doc, yaml.Node, str], tuple]:
+    def convert(doc: _Doc, node: yaml.Node, what: str) -> tuple:
+        return tuple(item(doc, n, f"{what}[{i}]") for i, n in enumerate(doc.sequence(node, what)))
+    return convert
+
+
+def _capability(doc: _Doc, node: yaml.Node, what: str) -> tuple[int, int]:
+    if isinstance(node, yaml.SequenceNode):
+        parts = [doc.typed(n, what, (int,), "an integer") for n in node.value]
+    else:
+        value = doc.scalar(node, what)
+        if isinstance(value, float):
+            raise doc.error(node, f"{what}: write the capability as a string ('12.1') or a list ([12, 1]); "
+                                  f"a bare {value!r} is a float and loses '12.10' vs '12.1'")
+        parts = str(value).split(".") if isinstance(value, str) else []
+        if not all(p.isdigit() for p in parts):
+            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {_show(value)}")
+        parts = [int(p) for p in parts]
+    if len(parts) != 2:
+        raise doc.error(node, f"{what}: expected two numbers (major, minor), got {len(parts)}")
+    return (parts[0], parts[1])
+
+
+def _env(doc: _Doc, node: yaml.Node, what: str) -> dict[str, str]:
+    out = {}
+    for key, knode, vnode in doc.mapping(node, what):
+        if not _ENV.match(key):
+            raise doc.error(knode, f"{what}: {key!r} is not an environment variable name")
+        value = doc.scalar(vnode, f"{what}.{key}")
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {_show(value)}")
+        out[key] = str(value)
+    return out
+
+
+def _scalars(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
+
+
+def _date(doc: _Doc, node: yaml.Node, what: str) -> datetime.date:
+    value = doc.scalar(node, what)
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value
+    raise doc.error(node, f"{what}: expected a date YYYY-MM-DD, got {_show(value)}")
+
+
+def _globs(doc: _Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
+    if isinstance(node, yaml.SequenceNode):
+        return _list(_str)(doc, node, what)
+    return (_str(doc, node, what),)
+
+
+def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
+    rec = doc.record(node, what, {k: Field(_globs, "glob or list of globs", required=False)
+                                  for k in SELECTOR_KEYS})
+    pats = {k: rec[k] for k in SELECTOR_KEYS if rec[k] is not None}
+    return Selector(pats), {k: rec[f"@{k}"] for k in pats}
+
+
+def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
+    rec = doc.record(node, what, {
+        "synthetic": Field(_scalars, "a synthetic checkpoint spec", required=False),
+        "path": Field(_str, "a local checkpoint directory", required=False),
+        "hub": Field(_str, "a hub id, resolved from the local HF cache only", required=False),
+        "revision": Field(_str, "hub revision (branch, tag or commit)", required=False),
+    })
+    kinds = [k for k in ("synthetic", "path", "hub") if rec[k] is not None]
+    if len(kinds) != 1:
+        raise doc.error(node, f"{what}: expected exactly one of synthetic, path, hub; got "
+                              f"{', '.join(kinds) or 'none'}")
+    kind = kinds[0]
+    if rec["revision"] is not None and kind != "hub":
+        raise doc.error(rec["@revision"], f"{what}.revision: only a hub source has a revision")
+    value: Any = rec[kind]
+    if kind == "path":
+        value = (doc.path.parent / value).resolve()
+    elif kind == "hub":
+        value = (value, rec["revision"] or "main")
+    return Source(kind, value, doc.where(rec[f"@{kind}"]))
+
+
+# Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
+EXPECT_FIELDS: dict[str, Field] = {
+    "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
+    "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
+}
+
+
+def _expect(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    rec = doc.record(node, what, EXPECT_FIELDS)
+    return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
+
+
+_TOP = {
+    "version": Field(_choice((1,)), "schema version, 1"),
+    "archs": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of GPU archs"),
+    "modes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of allocator/exec modes"),
+    "schemes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of quantization schemes"),
+    "checks": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checks (suites/ test_<name>)"),
+    "checkpoints": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checkpoints"),
+    "include": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to keep", required=False,
+                     default=()),
+    "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
+                     default=()),
+    "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+}
+
+
+def load(path: str | Path) -> Matrix:
+    """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
+    doc = _Doc(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise MatrixError(f"{loc}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path}: not valid YAML: {e}") from None
+    if root is None:
+        raise MatrixError(f"{path}:1:1: the matrix file is empty")
+    top = doc.record(root, "matrix", _TOP)
+    return _build(doc, top)
+
+
+def _unique(doc: _Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
+    if name in seen:
+        raise doc.error(node, f"duplicate {what} {name!r} (already defined at {seen[name]})")
+    seen[name] = doc.where(node)
+
+
+def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
+    names: dict[str, str] = {}
+    archs = []
+    for i, node in enumerate(top["archs"]):
+        r = doc.record(node, f"archs[{i}]", {
+            "name": Field(_marker, "arch name, e.g. sm120"),
+            "capability": Field(_capability, "compute capability, e.g. '12.0'"),
+            "aliases": Field(_list(_marker), "other names (marker aliases)", required=False, default=()),
+            "label": Field(_str, "human label, e.g. 'RTX PRO 6000'"),
+        })
+        for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
+            _unique(doc, names, n, nd, "arch name or alias")
+        archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
+    caps: dict[tuple[int, int], str] = {}
+    for a, node in zip(archs, top["archs"]):
+        if a.capability in caps:
+            raise doc.error(node, f"arch {a.name!r} has capability {a.capability} already used by "
+                                  f"{caps[a.capability]!r}: capabilities map to exactly one arch")
+        caps[a.capability] = a.name
+
+    modes = []
+    mode_names: dict[str, str] = {}
+    for i, node in enumerate(top["modes"]):
+        r = doc.record(node, f"modes[{i}]", {
+            "name": Field(_marker, "mode name, e.g. nocache"),
+            "env": Field(_env, "environment for the engine process", required=False, default=dict),
+            "engine_args": Field(_scalars, "vLLM engine arguments", required=False, default=dict),
+            "label": Field(_str, "what the mode reproduces"),
+        })
+        _unique(doc, mode_names, r["name"], r["@name"], "mode")
+        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
+
+    schemes: dict[str, Scheme] = {}
+    scheme_names: dict[str, str] = {}
+    for i, node in enumerate(top["schemes"]):
+        r = doc.record(node, f"schemes[{i}]", {
+            "name": Field(_name, "scheme name, e.g. nvfp4_weight_only"),
+            "marker": Field(_marker, "marker of its cases, e.g. weight_only"),
+            "label": Field(_str, "human label"),
+            "expect": Field(_expect, "default expectations of its checkpoints", required=False, default=dict),
+        })
+        _unique(doc, scheme_names, r["name"], r["@name"], "scheme")
+        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"])
+
+    checks: dict[str, Check] = {}
+    check_names: dict[str, str] = {}
+    for i, node in enumerate(top["checks"]):
+        r = doc.record(node, f"checks[{i}]", {
+            "name": Field(_name, "check name; suites/ must define test_<name>"),
+            "kind": Field(_marker, "check kind marker, e.g. dispatch"),
+            "tier": Field(_choice(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
+            "schemes": Field(_list(_name), "schemes it applies to (default: all)", required=False),
+            "producers": Field(_list(_choice(PRODUCERS)), "producers it applies to (default: all)",
+                               required=False),
+            "description": Field(_str, "what it proves"),
+        })
+        _unique(doc, check_names, r["name"], r["@name"], "check")
+        for s in r["schemes"] or ():
+            if s not in schemes:
+                raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}"
+                                               f"{_closest(s, schemes)}")
+        checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"],
+                                  r["description"])
+
+    checkpoints = []
+    ck_ids: dict[str, str] = {}
+    for i, node in enumerate(top["checkpoints"]):
+        r = doc.record(node, f"checkpoints[{i}]", {
+            "id": Field(_id, "checkpoint id, e.g. qwen3moe-tiny-nvfp4-weight-only"),
+            "source": Field(_source, "synthetic, path or hub"),
+            "producer": Field(_choice(PRODUCERS), "who exported it"),
+            "scheme": Field(_name, "one of the matrix's schemes"),
+            "label": Field(_str, "human label", required=False, default=""),
+            "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
+        })
+        _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
+        if r["scheme"] not in schemes:
+            raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
+                                          f"{_closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
+        checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
+                                      r["expect"], r["label"], doc.where(node)))
+
+    known = {
+        "checkpoint": [c.id for c in checkpoints],
+        "arch": [n for a in archs for n in (a.name, *a.aliases)],
+        "mode": [m.name for m in modes],
+        "scheme": list(schemes),
+        "producer": list(PRODUCERS),
+        "check": list(checks),
+    }
+
+    def selectors(key: str) -> tuple[Selector, ...]:
+        out = []
+        for i, node in enumerate(top[key]):
+            sel, nodes = _selector(doc, node, f"{key}[{i}]")
+            _check_refs(doc, sel, nodes, known, f"{key}[{i}]")
+            out.append(sel)
+        return tuple(out)
+
+    waivers = []
+    for i, node in enumerate(top["waivers"]):
+        r = doc.record(node, f"waivers[{i}]", {
+            "match": Field(lambda d, n, w: n, "cell selector (checkpoint, arch, mode, scheme, producer, check)"),
+            "reason": Field(_str, "why the failure is known"),
+            "link": Field(_str, "issue or PR tracking it"),
+            "expires": Field(_date, "date after which the waiver fails the run"),
+        })
+        sel, nodes = _selector(doc, r["match"], f"waivers[{i}].match")
+        _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
+        waivers.append(Waiver(sel, r["reason"], r["link"], r["expires"], doc.where(node)))
+
+    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints),
+                    selectors("include"), selectors("exclude"), tuple(waivers))
+    _check_marker_clashes(doc, top, matrix)
+    return matrix
+
+
+def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known: Mapping[str, list[str]],
+                what: str) -> None:
+    """A selector value without glob characters must name something that exists (no dangling references)."""
+    for key, pats in sel.patterns.items():
+        for p in pats:
+            if not any(ch in p for ch in "*?[") and p not in known[key]:
+                raise doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}{_closest(p, known[key])}")
+
+
+def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
+    """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
+    owners: dict[str, str] = {t: "tier" for t in TIERS}
+    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"]) for n in (a.name, *a.aliases)]
+    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"])]
+    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"])]
+    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"])]
+    for name, owner, node in entries:
+        prev = owners.setdefault(name, owner)
+        if prev != owner:
+            raise doc.error(node, f"marker {name!r} is used both as {prev} and as {owner}; "
+                                  "`pytest -m` could not tell them apart")
