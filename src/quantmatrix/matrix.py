@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from quantmatrix.checkpoints import configs as synthetic
 from quantmatrix.errors import MatrixError
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
@@ -215,7 +216,7 @@ class Matrix:
             if name == a.name or name in a.aliases:
                 return a
         names = [n for a in self.archs for n in (a.name, *a.aliases)]
-        raise MatrixError(f"{self.path}: no arch {name!r}{_closest(name, names)}; known: {', '.join(names)}")
+        raise MatrixError(f"{self.path}: no arch {name!r}{closest(name, names)}; known: {', '.join(names)}")
 
     def arch_for_capability(self, capability: tuple[int, int]) -> Arch | None:
         return next((a for a in self.archs if a.capability == tuple(capability)), None)
@@ -239,7 +240,7 @@ class Matrix:
 # ------------------------------------------------------------------------------------------ loading
 
 
-def _closest(word: str, options: Iterable[str]) -> str:
+def closest(word: str, options: Iterable[str]) -> str:
     hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
     return f" (did you mean {hit[0]!r}?)" if hit else ""
 
@@ -300,7 +301,7 @@ class _Doc:
         for key, knode, vnode in self.mapping(node, what):
             field = fields.get(key)
             if field is None:
-                raise self.error(knode, f"{what}: unknown key {key!r}{_closest(key, fields)}; "
+                raise self.error(knode, f"{what}: unknown key {key!r}{closest(key, fields)}; "
                                         f"expected one of: {', '.join(fields)}")
             out[key] = field.convert(self, vnode, f"{what}.{key}")
             out[f"@{key}"] = vnode
@@ -362,7 +363,7 @@ def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
     def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
         value = doc.scalar(node, what)
         if value not in opts:
-            hint = _closest(value, opts) if isinstance(value, str) else ""
+            hint = closest(value, opts) if isinstance(value, str) else ""
             raise doc.error(node, f"{what}: expected one of {', '.join(opts)}; got {value!r}{hint}")
         return value
     return convert
@@ -427,9 +428,28 @@ def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str
     return Selector(pats), {k: rec[f"@{k}"] for k in pats}
 
 
+SYNTHETIC_FIELDS: dict[str, Field] = {
+    "model": Field(_choice(synthetic.MODELS), "model architecture", required=False),
+    "size": Field(_choice(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
+                  required=False),
+    "form": Field(_choice(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
+                  required=False),
+    "input_activations": Field(_choice(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
+                               "input_activations (default: what the scheme implies)", required=False),
+    "config_groups": Field(_choice(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
+    "quant_algo": Field(_str, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "quantize": Field(_choice(synthetic.QUANTIZE), "which modules are quantized", required=False),
+}
+
+
+def _synthetic(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    rec = doc.record(node, what, SYNTHETIC_FIELDS)
+    return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
+
+
 def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
     rec = doc.record(node, what, {
-        "synthetic": Field(_scalars, "a synthetic checkpoint spec", required=False),
+        "synthetic": Field(_synthetic, "a synthetic checkpoint spec", required=False),
         "path": Field(_str, "a local checkpoint directory", required=False),
         "hub": Field(_str, "a hub id, resolved from the local HF cache only", required=False),
         "revision": Field(_str, "hub revision (branch, tag or commit)", required=False),
@@ -564,7 +584,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         for s in r["schemes"] or ():
             if s not in schemes:
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}"
-                                               f"{_closest(s, schemes)}")
+                                               f"{closest(s, schemes)}")
         checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"],
                                   r["description"])
 
@@ -582,7 +602,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
         if r["scheme"] not in schemes:
             raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
-                                          f"{_closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
+                                          f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
         checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
                                       r["expect"], r["label"], doc.where(node)))
 
@@ -627,7 +647,7 @@ def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known:
     for key, pats in sel.patterns.items():
         for p in pats:
             if not any(ch in p for ch in "*?[") and p not in known[key]:
-                raise doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}{_closest(p, known[key])}")
+                raise doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}{closest(p, known[key])}")
 
 
 def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:

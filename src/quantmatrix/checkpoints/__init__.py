@@ -1,0 +1,111 @@
+"""Checkpoint directories for matrix cells: synthetic ones built into a content-addressed cache, local paths,
+and hub ids resolved from the local Hugging Face cache only (this suite never downloads at test time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from quantmatrix.checkpoints.configs import SyntheticSpec, config_files
+from quantmatrix.errors import CheckpointUnavailable, MatrixError
+
+if TYPE_CHECKING:  # matrix imports this package's constants; avoid the cycle at run time
+    from quantmatrix.matrix import Checkpoint
+
+_COMPLETE = ".quantmatrix-complete"
+
+
+def cache_root() -> Path:
+    """QUANTMATRIX_CACHE, else ~/.cache/quantmatrix: one place a runner can wipe or keep between nights."""
+    env = os.environ.get("QUANTMATRIX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "quantmatrix"
+
+
+def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
+    """The factory spec of a synthetic checkpoint; combinations no producer writes are matrix errors."""
+    raw = dict(checkpoint.source.value)
+    spec = SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **raw)
+    where = checkpoint.source.where
+    if spec.form == "legacy" and spec.producer != "modelopt":
+        raise MatrixError(f"{where}: form 'legacy' (hf_quant_config.json) exists only for producer modelopt")
+    if spec.quant_algo is not None and spec.producer != "modelopt":
+        raise MatrixError(f"{where}: quant_algo is a ModelOpt key; producer is {spec.producer!r}")
+    if (spec.scheme == "bf16") != (spec.producer == "none"):
+        raise MatrixError(f"{where}: scheme bf16 goes with producer none (and only it)")
+    return spec
+
+
+def materialize(checkpoint: Checkpoint) -> Path:
+    """The checkpoint's directory, building a synthetic one if the cache does not hold it complete."""
+    kind = checkpoint.source.kind
+    if kind == "path":
+        path = Path(checkpoint.source.value)
+        if not (path / "config.json").is_file():
+            raise CheckpointUnavailable(f"{checkpoint.source.where}: {path} has no config.json")
+        return path
+    if kind == "hub":
+        repo, revision = checkpoint.source.value
+        return resolve_hub(repo, revision)
+    spec = spec_of(checkpoint)
+    digest = spec.digest()
+    final = cache_root() / "checkpoints" / f"{checkpoint.id}-{digest[:16]}"
+    if not _complete(final, digest):
+        build(spec, final, digest)
+    return final
+
+
+def _complete(path: Path, digest: str) -> bool:
+    marker = path / _COMPLETE
+    return marker.is_file() and marker.read_text() == digest
+
+
+def build(spec: SyntheticSpec, final: Path, digest: str) -> None:
+    """Write into a private temp dir, then rename: a killed run never leaves a directory a later run trusts."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        write(spec, tmp)
+        (tmp / _COMPLETE).write_text(digest)
+        if final.exists() and not _complete(final, digest):  # a stale or half-written leftover
+            shutil.rmtree(final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not _complete(final, digest):  # not merely another worker finishing first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(spec: SyntheticSpec, out: Path) -> None:
+    """Write the checkpoint's files into `out` (which must exist)."""
+    for name, content in config_files(spec).items():
+        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+
+
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def resolve_hub(repo: str, revision: str) -> Path:
+    """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
+    base = hub_cache() / f"models--{repo.replace('/', '--')}"
+    commit = revision
+    ref = base / "refs" / revision
+    if ref.is_file():
+        commit = ref.read_text().strip()
+    snap = base / "snapshots" / commit
+    if re.fullmatch(r"[0-9a-f]{40}", commit) and (snap / "config.json").is_file():
+        return snap
+    raise CheckpointUnavailable(
+        f"{repo}@{revision} is not in the local Hugging Face cache ({hub_cache()}); on a host with hub "
+        f"access run: huggingface-cli download {repo} --revision {revision}")

@@ -1,0 +1,88 @@
+"""Config-level quant-path dispatch: did vLLM route this checkpoint to the scheme the matrix expects?
+
+The verdict explains itself in terms of the kernel: the seed bug was a weight-only checkpoint routed to W4A4,
+where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.matrix import Checkpoint
+from quantmatrix.vllm_adapter import Resolution
+
+_CONSEQUENCE = {
+    ("weight_only", "w4a4"): "the fused-MoE path would fold an uninitialised input_scale into g1_alphas "
+                             "(the checkpoint has none), zeroing or scaling every expert by whatever "
+                             "memory held",
+    ("w4a4", "weight_only"): "the calibrated input_scale would be ignored and activations would run "
+                             "unquantized through Marlin: not the kernel this checkpoint was exported for",
+    ("weight_only", "unquantized"): "packed NVFP4 weights would be loaded into bf16 layers",
+    ("w4a4", "unquantized"): "packed NVFP4 weights would be loaded into bf16 layers",
+    ("unquantized", "weight_only"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
+    ("unquantized", "w4a4"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
+}
+_SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "unquantized": "unquantized",
+                 "rejected": "a rejected"}
+
+
+def _group_activations(group: Any) -> str:
+    if not isinstance(group, dict):
+        return "not-a-mapping"
+    if "input_activations" not in group:
+        return "missing"
+    acts = group["input_activations"]
+    if acts is None:
+        return "null"
+    if acts == {}:
+        return "empty"
+    return "quantized" if isinstance(acts, dict) else f"unexpected {type(acts).__name__}"
+
+
+def config_shape(checkpoint_dir: Path) -> str:
+    """A one-line description of the config's shape, so a reader knows which resolution rule decided."""
+    cfg = json.loads((checkpoint_dir / "config.json").read_text())
+    qc = cfg.get("quantization_config")
+    legacy = checkpoint_dir / "hf_quant_config.json"
+    if qc is None and legacy.is_file():
+        inner = json.loads(legacy.read_text()).get("quantization", {})
+        return f"hf_quant_config.json (legacy); quant_algo={inner.get('quant_algo')}; no config_groups"
+    if qc is None:
+        return "no quantization config"
+    parts = [f"config.json quantization_config; quant_method={qc.get('quant_method')}"]
+    if "quant_algo" in qc:
+        parts.append(f"quant_algo={qc['quant_algo']}")
+    groups = qc.get("config_groups")
+    if "config_groups" not in qc:
+        parts.append("config_groups missing")
+    elif not groups:
+        parts.append("config_groups empty")
+    elif isinstance(groups, dict):
+        acts = sorted({_group_activations(g) for g in groups.values()})
+        parts.append(f"{len(groups)} config group(s); input_activations={'/'.join(acts)}")
+    else:
+        parts.append(f"config_groups is a {type(groups).__name__}")
+    return "; ".join(parts)
+
+
+def verdict(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
+    """None when the resolution is what the matrix expects, else the message a maintainer reads."""
+    expected = checkpoint.expectation("resolves_to")
+    if got.scheme != expected:
+        routed = f"{got.quant_method}/{got.algo}" if got.algo else got.quant_method
+        head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
+                f"({routed})" if got.scheme != "rejected" else
+                f"{_SCHEME_WORDS[expected]} checkpoint was rejected by vLLM: {got.detail}")
+        why = _CONSEQUENCE.get((expected, got.scheme))
+        if expected == "rejected":
+            why = "the matrix says vLLM must refuse this config rather than guess a kernel"
+        return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
+    if expected == "rejected":
+        return None
+    expected_method = checkpoint.expectation("quant_method")
+    if got.quant_method != expected_method:
+        return (f"checkpoint claimed by vLLM quantization method {got.quant_method!r}, expected "
+                f"{expected_method!r} [config shape: {shape}]")
+    return None

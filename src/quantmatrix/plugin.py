@@ -1,0 +1,221 @@
+"""pytest hooks: load the matrix once, register its markers, parametrize suites' checks over its cells,
+gate gpu-tier cases on this host's hardware, and stamp every case with what it ran on."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantmatrix import checkpoints, hardware, vllm_adapter
+from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
+from quantmatrix.matrix import Case, Cell, Matrix, closest, load
+
+DEFAULT_MATRIX = Path("matrices") / "default.yaml"
+_MATRIX_HELP = "matrix YAML file (default: matrices/default.yaml under the rootdir)"
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything resolved once at configure time (pytest-timeout style); hooks read only this."""
+
+    matrix: Matrix | None
+    host: hardware.Host | None
+    strict_hardware: bool
+    today: datetime.date
+    runner: str
+    checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
+    resolutions: dict[Path, vllm_adapter.Resolution] = dataclasses.field(default_factory=dict)
+
+    def host_properties(self) -> list[tuple[str, str]]:
+        """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
+        props = list(vllm_adapter.versions().items())
+        devices = self.host.devices if self.host else ()
+        props += [("runner", self.runner),
+                  ("device_name", ", ".join(d.name for d in devices)),
+                  ("device_capability", ", ".join(f"{d.capability[0]}.{d.capability[1]}" for d in devices))]
+        return props
+
+
+SETTINGS = pytest.StashKey[Settings]()
+
+
+def _arch_option(value: str) -> str:
+    if not value.strip():
+        raise pytest.UsageError("--arch needs a name from the matrix, e.g. --arch sm120 or --arch gb10")
+    return value.strip()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
+    group.addoption("--matrix", default=None, metavar="FILE", help=_MATRIX_HELP)
+    group.addoption("--arch", type=_arch_option, default=None, metavar="NAME",
+                    help="treat this host as arch NAME (name or alias) instead of detecting its GPUs")
+    group.addoption("--strict-hardware", action="store_true", default=False,
+                    help="fail, instead of skip, gpu-tier cases whose arch this host lacks "
+                         "(for a runner that is supposed to have that GPU)")
+    parser.addini("quantmatrix_matrix", _MATRIX_HELP, default=None)
+
+
+def _matrix_path(config: pytest.Config) -> Path | None:
+    given = config.getoption("matrix") or config.getini("quantmatrix_matrix")
+    if given:
+        path = Path(given)
+        if not path.is_absolute():
+            path = (Path.cwd() if config.getoption("matrix") else config.rootpath) / path
+        if not path.is_file():
+            raise pytest.UsageError(f"--matrix {given}: no such file")
+        return path
+    default = config.rootpath / DEFAULT_MATRIX
+    return default if default.is_file() else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = _matrix_path(config)
+    matrix = host = None
+    if path is not None:
+        try:
+            matrix = load(path)
+            host = hardware.detect(matrix, config.getoption("arch"))
+        except QuantmatrixError as e:
+            raise pytest.UsageError(str(e)) from None
+        for name, help_line in matrix.markers().items():
+            config.addinivalue_line("markers", f"{name}: {help_line}")
+    elif config.getoption("arch"):
+        raise pytest.UsageError(f"--arch needs a matrix: pass --matrix FILE or create {DEFAULT_MATRIX}")
+    runner = os.environ.get("RUNNER_NAME") or socket.gethostname()
+    config.stash[SETTINGS] = Settings(matrix, host, config.getoption("strict_hardware"),
+                                      datetime.date.today(), runner)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    s = config.stash[SETTINGS]
+    if s.matrix is None:
+        return []
+    v = vllm_adapter.versions()
+    return [f"quantmatrix: matrix {s.matrix.path} ({len(s.matrix.cells())} cells)",
+            f"quantmatrix: host {s.host.describe(s.matrix) if s.host else '?'}; runner {s.runner}",
+            f"quantmatrix: vllm {v['vllm_version']} ({v['vllm_distribution']}), torch {v['torch_version']}, "
+            f"{v['platform']}"]
+
+
+_MARKS: dict[str, pytest.MarkDecorator] = {}
+
+
+def _mark(name: str) -> pytest.MarkDecorator:
+    """One MarkDecorator per name: building thousands of identical ones dominates collection time."""
+    mark = _MARKS.get(name)
+    if mark is None:
+        mark = _MARKS[name] = getattr(pytest.mark, name)
+    return mark
+
+
+def _marks(case: Case, today: datetime.date) -> list[pytest.MarkDecorator]:
+    marks = [_mark(n) for n in case.markers]
+    w = case.waiver
+    if w is not None and not w.expired(today):
+        marks.append(pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False))
+    return marks
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    s = metafunc.config.stash[SETTINGS]
+    where = f"{metafunc.definition.nodeid}"
+    if s.matrix is None:
+        raise pytest.UsageError(f"{where} is a matrix check but no matrix was found: pass --matrix FILE "
+                                f"or create {DEFAULT_MATRIX} under the rootdir")
+    name = metafunc.function.__name__.removeprefix("test_")
+    check = s.matrix.checks.get(name)
+    if check is None:
+        raise pytest.UsageError(f"{where}: matrix {s.matrix.path} has no check {name!r}"
+                                f"{closest(name, s.matrix.checks)}; add it under `checks:` or rename the test")
+    params = [pytest.param(case, id=case.cell.id, marks=_marks(case, s.today)) for case in s.matrix.cases(check)]
+    metafunc.parametrize("case", params)
+
+
+def _case(item: pytest.Item) -> Case | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("case") if callspec is not None else None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    case = _case(item)
+    if case is None:
+        return
+    s = item.config.stash[SETTINGS]
+    c = case.cell
+    item.user_properties += [
+        ("checkpoint", c.checkpoint.id), ("scheme", c.checkpoint.scheme.name),
+        ("producer", c.checkpoint.producer), ("arch", c.arch.name), ("mode", c.mode.name),
+        ("check", case.check.name), ("kind", case.check.kind), ("tier", case.check.tier), ("cell", c.id),
+        *s.host_properties(),
+    ]
+    w = case.waiver
+    if w is not None:
+        item.user_properties += [("waiver_reason", w.reason), ("waiver_link", w.link),
+                                 ("waiver_expires", str(w.expires)),
+                                 ("waiver_expired", str(w.expired(s.today)).lower())]
+        if w.expired(s.today):
+            pytest.fail(f"waiver expired on {w.expires} ({w.where}): {w.reason} ({w.link}); fix the cell or "
+                        "renew the waiver", pytrace=False)
+    if case.check.tier == "gpu" and s.host is not None and not s.host.has(c.arch):
+        reason = f"needs {c.arch.describe()}; this host: {s.host.describe(s.matrix)}"
+        if s.strict_hardware:
+            pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def case(request: pytest.FixtureRequest) -> Case:
+    """The matrix case of this test; parametrized by the plugin, never requested by hand."""
+    raise pytest.UsageError(f"{request.node.nodeid}: `case` is parametrized from the matrix only")
+
+
+@pytest.fixture
+def cell(case: Case) -> Cell:
+    return case.cell
+
+
+@pytest.fixture
+def quantmatrix_settings(request: pytest.FixtureRequest) -> Settings:
+    return request.config.stash[SETTINGS]
+
+
+@pytest.fixture
+def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings) -> Path:
+    """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out."""
+    cache = quantmatrix_settings.checkpoint_dirs
+    ck = cell.checkpoint
+    if ck.id not in cache:
+        try:
+            cache[ck.id] = checkpoints.materialize(ck)
+        except CheckpointUnavailable as e:
+            pytest.skip(str(e))
+    return cache[ck.id]
+
+
+@pytest.fixture
+def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> vllm_adapter.Resolution:
+    """vLLM's config resolution of the cell's checkpoint, once per checkpoint per session."""
+    cache = quantmatrix_settings.resolutions
+    if checkpoint_dir not in cache:
+        cache[checkpoint_dir] = vllm_adapter.resolve(checkpoint_dir)
+    return cache[checkpoint_dir]
+
+
+@pytest.fixture
+def vllm() -> Any:
+    """vLLM itself; a case that needs it is skipped, with the reason, where it is not installed."""
+    reason = vllm_adapter.vllm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    import vllm as module
+
+    return module
