@@ -428,6 +428,11 @@ def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str
     return Selector(pats), {k: rec[f"@{k}"] for k in pats}
 
 
+def _faults(doc: _Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
+    fault = _choice(synthetic.FAULTS)
+    return tuple((key, fault(doc, vnode, f"{what}.{key}")) for key, _, vnode in doc.mapping(node, what))
+
+
 SYNTHETIC_FIELDS: dict[str, Field] = {
     "model": Field(_choice(synthetic.MODELS), "model architecture", required=False),
     "size": Field(_choice(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
@@ -439,6 +444,13 @@ SYNTHETIC_FIELDS: dict[str, Field] = {
     "config_groups": Field(_choice(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
     "quant_algo": Field(_str, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
     "quantize": Field(_choice(synthetic.QUANTIZE), "which modules are quantized", required=False),
+    "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
+                  required=False),
+    "input_scales": Field(_choice(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
+                          "config: auto (what the scheme implies), present or absent", required=False),
+    "omit_tensors": Field(_list(_str), "globs of tensors to leave out (e.g. one expert's input_scale)",
+                          required=False),
+    "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
 }
 
 
