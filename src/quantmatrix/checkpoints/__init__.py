@@ -37,9 +37,9 @@ def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
         raise MatrixError(f"{where}: quant_algo is a ModelOpt key; producer is {spec.producer!r}")
     if (spec.scheme == "bf16") != (spec.producer == "none"):
         raise MatrixError(f"{where}: scheme bf16 goes with producer none (and only it)")
-    if spec.producer == "none" and (spec.omit_tensors or spec.corrupt_tensors or spec.input_scales != "auto"):
-        raise MatrixError(f"{where}: omit_tensors, corrupt_tensors and input_scales act on NVFP4 tensors; "
-                          "a bf16 checkpoint has none")
+    if spec.producer == "none" and (spec.omit_tensors or spec.input_scales != "auto"):
+        raise MatrixError(f"{where}: omit_tensors and input_scales act on NVFP4 tensors; a bf16 checkpoint "
+                          "has none (corrupt_tensors works on its bf16 weights)")
     return spec
 
 
@@ -107,8 +107,9 @@ def write(spec: SyntheticSpec, out: Path) -> None:
 
     family = base.base(spec.model, spec.size, spec.seed)
     files = config_files(spec)
-    if spec.producer == "none":
-        base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, family.tensors, family.tokenizer)
+    if spec.producer == "none":  # corrupt_tensors breaks bf16 weights too (the e2e tier's broken canaries)
+        tensors = export.faulty(spec, family.tensors)
+        base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, tensors, family.tokenizer)
         return
     exported = export.export(spec, family)
     base.write_hf(out, files, exported.tensors, family.tokenizer)

@@ -116,6 +116,14 @@ def export(spec: SyntheticSpec, b: Base) -> Export:
     return Export(dict(sorted(tensors.items())), dequantized)
 
 
+def faulty(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy of `tensors` with the spec's omissions and faults applied (used as is for bf16 checkpoints)."""
+    out = dict(tensors)
+    _omit(spec, out)
+    _corrupt(spec, out)
+    return out
+
+
 def _matching(pattern: str, tensors: dict[str, torch.Tensor], flag: str) -> list[str]:
     hits = [k for k in tensors if fnmatch.fnmatchcase(k, pattern)]
     if not hits:
