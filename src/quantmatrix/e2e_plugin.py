@@ -1,0 +1,261 @@
+"""pytest side of the e2e tier (pytest11 entry point `quantmatrix_e2e`): the session's engine-run store, one
+engine start per group shared by its checks, xdist grouping and GPU pinning, `--update-references`, and the
+closing note (engine starts vs cases, time outside vLLM).
+
+Groups are cells (checkpoint x arch x mode). Under `-n N --dist loadgroup` every check of a group goes to one
+worker (an `xdist_group` mark per e2e case) and each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES from
+its index and the visible GPU count). Under any other distribution a group still starts once: the store is a
+directory all workers share, with a lock per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantmatrix import checkpoints, engine, quality, references, verdicts, vllm_adapter
+from quantmatrix.errors import QuantmatrixError
+from quantmatrix.matrix import E2E, Case, Cell
+from quantmatrix.plugin import SETTINGS, Settings
+
+_UPDATE_HELP = ("write the e2e references (outputs, accuracies) of the selected cases from this trusted run, "
+                "then check against them; without it a missing reference fails its case")
+_STORE_KEY = "quantmatrix_e2e_store"
+KEEP_STORES = 5  # past sessions' engine logs kept under <cache>/e2e for post-mortems
+
+
+@dataclasses.dataclass
+class E2ESettings:
+    store: engine.Store
+    platform: str
+    update_references: bool
+    gpu_pin: str | None
+    e2e_cases: set[str] = dataclasses.field(default_factory=set)
+    written: set[Path] = dataclasses.field(default_factory=set)
+
+
+E2E_SETTINGS = pytest.StashKey[E2ESettings]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
+    group.addoption("--update-references", action="store_true", default=False, help=_UPDATE_HELP)
+
+
+def _new_store_root() -> Path:
+    """<cache>/e2e/<time>-<id>, pruning all but the most recent sessions."""
+    parent = checkpoints.cache_root() / "e2e"
+    parent.mkdir(parents=True, exist_ok=True)
+    for old in sorted(p for p in parent.iterdir() if p.is_dir())[:-KEEP_STORES + 1]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = parent / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    root.mkdir()
+    return root
+
+
+def gpu_pin(worker: str | None, visible: list[str]) -> str | None:
+    """The GPU of xdist worker `gwN`: N modulo the visible GPUs (None without xdist or without GPUs)."""
+    if worker is None or not visible:
+        return None
+    return visible[int(worker.removeprefix("gw")) % len(visible)]
+
+
+def _visible_gpus(settings: Settings) -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    host = settings.host
+    if host is None or host.source not in ("nvidia-smi", "torch.cuda"):  # a declared --arch is no real GPU
+        return []
+    return [str(d.index) for d in host.devices]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    root = Path(workerinput[_STORE_KEY]) if workerinput and _STORE_KEY in workerinput else _new_store_root()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    pin = gpu_pin(worker, _visible_gpus(config.stash[SETTINGS]))
+    if pin is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = pin  # this worker's engine children, probes included
+    settings = E2ESettings(engine.Store(root), vllm_adapter.engine_platform(), config.getoption("update_references"),
+                           pin)
+    config.stash[E2E_SETTINGS] = settings
+    config.pluginmanager.register(_CaseCounter(settings), "quantmatrix_e2e_counter")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker shares the controller's store."""
+    node.workerinput[_STORE_KEY] = str(node.config.stash[E2E_SETTINGS].store.root)
+
+
+def _case(item: pytest.Item) -> Case | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("case") if callspec is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Before xdist reads them: all checks of one engine group carry the same xdist_group."""
+    for item in items:
+        case = _case(item)
+        if case is not None and "engine_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(case.cell.id))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    s = config.stash[E2E_SETTINGS]
+    line = f"quantmatrix e2e: platform {s.platform}, engine runs under {s.store.root}"
+    if s.update_references:
+        line += "; --update-references: this run writes references"
+    return [line]
+
+
+class _CaseCounter:
+    """Counts the cases that judged an engine run (reports from xdist workers arrive here too)."""
+
+    def __init__(self, settings: E2ESettings) -> None:
+        self.settings = settings
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and any(k == "engine_group" for k, _ in report.user_properties):
+            self.settings.e2e_cases.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The closing note: engine starts vs e2e cases, and what each group cost outside vLLM."""
+    s = config.stash[E2E_SETTINGS]
+    starts = s.store.starts()
+    if not starts and not s.e2e_cases:
+        return
+    tr = terminalreporter
+    tr.section("quantmatrix e2e")
+    tr.write_line(f"{len(starts)} engine starts for {len(s.e2e_cases)} e2e cases ({s.store.root})")
+    for d in starts:
+        saved = d / "run.json"
+        if not saved.is_file():
+            tr.write_line(f"  {d.name}: no result (interrupted)")
+            continue
+        run = engine.load_run(saved)
+        if run.failure is not None:
+            tr.write_line(f"  {run.cell_id}: FAILED ({run.failure.cause}) after {run.wall_s:.1f} s")
+            continue
+        t = run.result["timings"]
+        tr.write_line(f"  {run.cell_id}: {run.wall_s:.1f} s wall = engine start {t['load_s']:.1f} s + generate "
+                      f"{t['generate_s']:.1f} s + suite overhead {run.overhead_s():.1f} s (vllm import "
+                      f"{t['import_s']:.1f} s)")
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+
+
+def _e2e(settings: Settings) -> E2E:
+    if settings.matrix is None or settings.matrix.e2e is None:
+        raise pytest.UsageError(f"{settings.matrix.path if settings.matrix else 'the matrix'} has e2e checks "
+                                "but no `e2e:` section (prompts, references, generation, platforms)")
+    return settings.matrix.e2e
+
+
+@pytest.fixture
+def e2e(quantmatrix_settings: Settings) -> E2E:
+    """The matrix's e2e settings (prompts, generation, references, reference mode)."""
+    return _e2e(quantmatrix_settings)
+
+
+@pytest.fixture
+def engine_runs(request: pytest.FixtureRequest, quantmatrix_settings: Settings,
+                e2e: E2E) -> Callable[[Cell, Path], engine.GroupRun]:
+    """Run (or reuse) the engine group of any cell: one start per group per session, whichever worker asks."""
+    s = request.config.stash[E2E_SETTINGS]
+
+    def run(cell: Cell, checkpoint_dir: Path) -> engine.GroupRun:
+        prompts = tuple(t["prompt"] for t in verdicts.tasks(cell.checkpoint))
+        req = engine.build_request(e2e, cell, checkpoint_dir, s.platform, prompts)
+        env = engine.child_env(e2e, cell, s.platform, os.environ)
+        return s.store.get_or_run(req, env, e2e.timeout_s)
+
+    return run
+
+
+@pytest.fixture
+def engine_run(case: Case, checkpoint_dir: Path, engine_runs: Callable[[Cell, Path], engine.GroupRun]
+               ) -> engine.GroupRun:
+    """This case's group run, shared by every check of the group."""
+    return engine_runs(case.cell, checkpoint_dir)
+
+
+@pytest.fixture
+def reference_mode_run(case: Case, checkpoint_dir: Path, e2e: E2E, quantmatrix_settings: Settings,
+                       engine_runs: Callable[[Cell, Path], engine.GroupRun]) -> Callable[[], engine.GroupRun]:
+    """The same checkpoint and arch in the reference mode, run only when asked (a degenerate group never does)."""
+    matrix = quantmatrix_settings.matrix
+    assert matrix is not None
+    cell = Cell(case.cell.checkpoint, case.cell.arch, matrix.mode(e2e.reference_mode))
+    return lambda: engine_runs(cell, checkpoint_dir)
+
+
+@pytest.fixture
+def reference(request: pytest.FixtureRequest, case: Case, checkpoint_dir: Path, engine_run: engine.GroupRun,
+              e2e: E2E) -> verdicts.LoadReference:
+    """Load this cell's reference of a kind; under --update-references write it from the trusted source first."""
+    s = request.config.stash[E2E_SETTINGS]
+
+    def load(kind: str) -> dict[str, Any]:
+        target = references.path(e2e.references, case.cell, kind)
+        if s.update_references and target not in s.written:
+            body, by = _trusted(case, kind, checkpoint_dir, engine_run, e2e)
+            references.write(e2e.references, case.cell, kind, body, by)
+            s.written.add(target)
+        return references.load(e2e.references, case.cell, kind)
+
+    return load
+
+
+def _trusted(case: Case, kind: str, checkpoint_dir: Path, run: engine.GroupRun,
+             e2e: E2E) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(body, produced_by) of a reference from the source the checkpoint names."""
+    source = case.cell.checkpoint.expectation("reference")
+    if source == "engine":
+        by = {"source": "engine", "cell": case.cell.id, **run.result["versions"], "device": run.result["device"]}
+        if kind == "outputs":
+            return {"prompts": list(e2e.prompts), "outputs": run.greedy()}, by
+        rows = verdicts.tasks(case.cell.checkpoint)
+        solved = quality.score([o["text"] for o in run.tasks()], [r["answer"] for r in rows])
+        return {"correct": sum(solved), "n": len(solved)}, by
+    weights = references.reference_weights(checkpoint_dir)
+    if kind == "outputs":
+        made = references.transformers_greedy(weights, e2e.prompts, e2e.max_tokens, e2e.logprobs)
+        return {"prompts": list(e2e.prompts), "outputs": made["outputs"]}, made["produced_by"]
+    rows = verdicts.tasks(case.cell.checkpoint)
+    made = references.transformers_greedy(weights, [r["prompt"] for r in rows], e2e.max_tokens, 1)
+    solved = quality.score([o["text"] for o in made["outputs"]], [r["answer"] for r in rows])
+    return {"correct": sum(solved), "n": len(solved)}, made["produced_by"]
+
+
+@pytest.fixture
+def judge(record_property: Callable[[str, object], None]) -> Callable[..., None]:
+    """Turn a verdict into the case's outcome: properties recorded, then fail / skip with the verdict's words."""
+
+    def decide(oracle: Callable[..., verdicts.Verdict], *args: Any) -> None:
+        try:
+            v = oracle(*args)
+        except QuantmatrixError as e:
+            pytest.fail(str(e), pytrace=False)
+        for key, value in v.properties:
+            record_property(key, value)
+        if v.problem:
+            pytest.fail(v.problem, pytrace=False)
+        if v.skip:
+            pytest.skip(v.skip)
+
+    return decide
+
