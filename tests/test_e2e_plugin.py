@@ -1,0 +1,116 @@
+"""The e2e plugin as a user runs it (pytester, no engine: the modes make the child crash, quit or hang before
+vLLM is imported): one start per group shared by its checks, every failure a failed case with its cause and
+log, the other groups going on, gpu-tier cells skipped with the reason, xdist grouping, and the closing note."""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from quantmatrix.e2e_plugin import gpu_pin
+from quantmatrix.engine_child import FAULT_ENV
+
+# The entry point is only in the metadata of an install made after it was added; load the module otherwise.
+PLUGIN_ARGS = [] if any(ep.name == "quantmatrix_e2e" for ep in entry_points(group="pytest11")) else [
+    "-p", "quantmatrix.e2e_plugin"]
+
+MATRIX = f"""\
+version: 1
+archs:
+  - {{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}}
+modes:
+  - {{name: default, env: {{{FAULT_ENV}: exit}}, label: quits}}
+  - {{name: crash, env: {{{FAULT_ENV}: segfault}}, label: segfaults}}
+  - {{name: hang, env: {{{FAULT_ENV}: hang}}, label: hangs}}
+schemes:
+  - name: bf16
+    marker: bf16
+    label: bf16
+    expect:
+      degeneration: {{max_repeat_run: 20, min_distinct_1: 0.2, min_distinct_2: 0.3, max_compression_ratio: 6}}
+      degenerate: false
+      reference: transformers
+      agreement_top_k: 2
+      invariance_top_k: 0
+checks:
+  - {{name: degeneration, kind: e2e, tier: gpu, cpu_cells: [{{arch: sm121}}], description: d}}
+  - {{name: agreement, kind: e2e, tier: gpu, cpu_cells: [{{mode: [default, crash]}}], description: a}}
+checkpoints:
+  - {{id: tiny, source: {{path: ck}}, producer: none, scheme: bf16}}
+e2e:
+  prompts: prompts.txt
+  references: refs
+  max_tokens: 4
+  logprobs: 2
+  timeout_s: 6
+  reference_mode: default
+  platforms: {{cpu: {{engine_args: {{enforce_eager: true}}}}}}
+"""
+
+TESTS = """\
+from quantmatrix import verdicts
+
+def test_degeneration(case, engine_run, judge):
+    judge(verdicts.degeneration, case, engine_run)
+
+def test_agreement(case, engine_run, reference, judge):
+    judge(verdicts.agreement, case, engine_run, reference)
+"""
+
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(pytester.path / "cache"))
+    # the inner pytest runs elsewhere: a relative PYTHONPATH (PYTHONPATH=src) must not lose this checkout
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]))
+    pytester.makefile(".yaml", m=MATRIX)
+    pytester.makefile(".txt", prompts="one prompt\n")
+    (pytester.path / "ck").mkdir()
+    (pytester.path / "ck" / "config.json").write_text("{}")
+    pytester.makepyfile(test_e2e=TESTS)
+    return pytester
+
+
+def test_each_group_starts_once_and_every_failure_is_a_failed_case(project):
+    """3 groups, 5 cases: 3 starts; each case fails with its group's cause and the log's last lines; the hang
+    is killed and the others still run; the gpu-tier agreement cell of `hang` is skipped with the reason."""
+    result = project.runpytest_subprocess("--matrix", "m.yaml", *PLUGIN_ARGS, "-rs")
+    result.assert_outcomes(failed=5, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*tiny@sm121-default: the engine run failed: the child exited with status 3 without a result*",
+        "*giving up on purpose*",
+        "*tiny@sm121-crash: the engine run failed: the child died: SIGSEGV (segfault)*",
+        "*tiny@sm121-hang: the engine run failed: timeout: no result after 6 s*",
+        "*3 engine starts for 5 e2e cases*",
+        "*SKIPPED*needs sm121 (GB10); this host*",
+    ])
+
+
+def test_under_xdist_a_group_stays_on_one_worker_and_starts_once(project):
+    """-n 2 --dist loadgroup: still one start per group, and both checks of a group report the same worker."""
+    result = project.runpytest_subprocess("--matrix", "m.yaml", *PLUGIN_ARGS, "-n", "2", "--dist", "loadgroup",
+                                          "-k", "not hang", "-v")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["*2 engine starts for 4 e2e cases*"])
+    workers: dict[str, set[str]] = {}
+    for line in result.stdout.lines:
+        hit = re.match(r"\[(gw\d+)\] .*FAILED \S+\[(\S+)\]", line)
+        if hit:
+            workers.setdefault(hit[2], set()).add(hit[1])
+    assert set(workers) == {"tiny@sm121-default", "tiny@sm121-crash"}
+    assert all(len(w) == 1 for w in workers.values()), workers
+
+
+@pytest.mark.parametrize(("worker", "visible", "pin"), [
+    ("gw0", ["0", "1"], "0"), ("gw1", ["0", "1"], "1"), ("gw2", ["0", "1"], "0"), ("gw3", ["4", "6", "7"], "4"),
+    (None, ["0", "1"], None), ("gw1", [], None)])
+def test_gpu_pin(worker, visible, pin):
+    """Worker gwN takes visible GPU N modulo their count; no xdist or no GPU, no pin."""
+    assert gpu_pin(worker, visible) == pin
