@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -116,6 +115,7 @@ def test_register_wraps_the_vllm_loader_seam(monkeypatch):
 
 def test_the_package_declares_the_vllm_general_plugin():
     """pyproject ships `vllm.general_plugins: quantmatrix_poison`, resolving to poison.register."""
+    tomllib = pytest.importorskip("tomllib")  # stdlib from Python 3.11
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     value = eps["vllm.general_plugins"]["quantmatrix_poison"]
     ep = importlib.metadata.EntryPoint("quantmatrix_poison", value, "vllm.general_plugins")

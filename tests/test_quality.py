@@ -130,3 +130,18 @@ def test_references_are_keyed_by_checkpoint_scheme_and_mode(tmp_path):
     with pytest.raises(references.ReferenceMissing, match="keyed"):
         references.load(tmp_path, _cell("poison_nan"), "outputs")
     assert not list(p.parent.glob(".*.tmp"))  # written through a temp file, nothing left behind
+
+
+def test_zeroed_experts_are_flagged_by_agreement_not_by_degeneration():
+    """The seed's GB10 symptom on CPU: every expert weight zeroed. In this random tiny model attention alone
+    still gives varied tokens (degeneration passes it, which is why the CPU canary uses NaN experts), but the
+    agreement oracle flags it against the transformers reference of the intact model."""
+    from quantmatrix.checkpoints import configs, materialize_spec
+
+    spec = configs.SyntheticSpec(producer="none", scheme="bf16", model="qwen3_moe",
+                                 corrupt_tensors=(("model.layers.*.mlp.experts.*", "zero"),))
+    zeroed = references.transformers_greedy(materialize_spec(spec, "qwen3moe-tiny-bf16-experts-zero"),
+                                            MATRIX.e2e.prompts, MATRIX.e2e.max_tokens, MATRIX.e2e.logprobs)
+    assert quality.degeneration([o["token_ids"] for o in zeroed["outputs"]]).crossed(LIMITS) == []
+    divs = quality.compare(zeroed["outputs"], REFERENCE["outputs"], BF16.expectation("agreement_top_k"))
+    assert sum(not d.within_top_k for d in divs) >= len(divs) // 2, quality.describe(divs)
