@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from quantmatrix.checkpoints import configs as synthetic
+from quantmatrix.checkpoints import lint as lint_codes
 from quantmatrix.errors import MatrixError
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
@@ -485,6 +486,8 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
+                  required=False),
 }
 
 

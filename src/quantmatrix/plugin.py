@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ class Settings:
     runner: str
     checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
     resolutions: dict[Path, vllm_adapter.Resolution] = dataclasses.field(default_factory=dict)
+    # Per-checkpoint results of checks, keyed by (check, what identifies the input): a cell's arch and
+    # mode multiply the cases, not the work.
+    memo: dict[tuple[str, Any], Any] = dataclasses.field(default_factory=dict)
+
+    def once(self, key: tuple[str, Any], compute: Callable[[], Any]) -> Any:
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def host_properties(self) -> list[tuple[str, str]]:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
