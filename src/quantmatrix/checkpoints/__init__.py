@@ -110,7 +110,8 @@ def write(spec: SyntheticSpec, out: Path) -> None:
     if spec.producer == "none":
         base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, family.tensors, family.tokenizer)
         return
-    exported = export.export(spec, family)
+    with base.one_thread():
+        exported = export.export(spec, family)
     base.write_hf(out, files, exported.tensors, family.tokenizer)
     (out / DEQUANTIZED).mkdir()
     base.write_hf(out / DEQUANTIZED, config_files(base_spec(spec)), exported.dequantized, family.tokenizer)

@@ -290,7 +290,8 @@ def base(model: str, size: str, seed: int) -> Base:
     files = config_files(SyntheticSpec(producer="none", scheme="bf16", model=model, size=size))
     config = files["config.json"]
     d = dims(config)
-    tensors = bf16_tensors(model, config, seed)
+    with one_thread():
+        tensors = bf16_tensors(model, config, seed)
     tok = tokenizer_files(d.vocab)
     ids = encode(tok, prompts())
     with tempfile.TemporaryDirectory(prefix="quantmatrix-base-") as tmp:
