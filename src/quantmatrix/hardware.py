@@ -83,6 +83,11 @@ def query_nvidia_smi() -> list[Device] | None:
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(out: str) -> list[Device]:
+    """Rows of `index, name, compute_cap` as `--format=csv,noheader` prints them."""
     devices = []
     for line in out.strip().splitlines():
         idx, name, cap = (p.strip() for p in line.split(","))

@@ -261,7 +261,7 @@ class _Doc:
 
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
-            raise self.error(node, f"{what}: expected a single value, got a {_kind(node)}")
+            raise self.error(node, f"{what}: expected a single value, got {_kind(node)}")
         try:
             return self._constructor.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as e:
@@ -600,6 +600,10 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
         })
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
+        if r["source"].kind == "synthetic" and r["scheme"] in schemes:
+            spec = synthetic.SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value)
+            if spec.problem():
+                raise doc.error(r["@source"], f"checkpoints[{i}].source.synthetic: {spec.problem()}")
         if r["scheme"] not in schemes:
             raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
                                           f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")

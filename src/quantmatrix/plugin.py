@@ -145,7 +145,9 @@ def _case(item: pytest.Item) -> Case | None:
     return callspec.params.get("case") if callspec is not None else None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture: a case that must not run (absent GPU, expired waiver) never builds anything."""
     case = _case(item)
     if case is None:
         return

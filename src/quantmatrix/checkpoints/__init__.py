@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantmatrix.checkpoints.configs import SyntheticSpec, config_files
-from quantmatrix.errors import CheckpointUnavailable, MatrixError
+from quantmatrix.errors import CheckpointUnavailable
 
 if TYPE_CHECKING:  # matrix imports this package's constants; avoid the cycle at run time
     from quantmatrix.matrix import Checkpoint
@@ -28,17 +28,8 @@ def cache_root() -> Path:
 
 
 def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
-    """The factory spec of a synthetic checkpoint; combinations no producer writes are matrix errors."""
-    raw = dict(checkpoint.source.value)
-    spec = SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **raw)
-    where = checkpoint.source.where
-    if spec.form == "legacy" and spec.producer != "modelopt":
-        raise MatrixError(f"{where}: form 'legacy' (hf_quant_config.json) exists only for producer modelopt")
-    if spec.quant_algo is not None and spec.producer != "modelopt":
-        raise MatrixError(f"{where}: quant_algo is a ModelOpt key; producer is {spec.producer!r}")
-    if (spec.scheme == "bf16") != (spec.producer == "none"):
-        raise MatrixError(f"{where}: scheme bf16 goes with producer none (and only it)")
-    return spec
+    """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones)."""
+    return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **checkpoint.source.value)
 
 
 def materialize(checkpoint: Checkpoint) -> Path:
