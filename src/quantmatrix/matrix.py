@@ -191,16 +191,11 @@ class Matrix:
     waivers: tuple[Waiver, ...]
 
     def cells(self) -> list[Cell]:
-        out = []
-        for ck in self.checkpoints:
-            for arch in self.archs:
-                for mode in self.modes:
-                    cell = Cell(ck, arch, mode)
-                    if self.include and not any(s.matches(cell) for s in self.include):
-                        continue
-                    if any(s.matches(cell) for s in self.exclude):
-                        continue
-                    out.append(cell)
+        out = [Cell(ck, arch, mode) for ck in self.checkpoints for arch in self.archs for mode in self.modes]
+        if self.include:
+            out = [c for c in out if any(s.matches(c) for s in self.include)]
+        if self.exclude:
+            out = [c for c in out if not any(s.matches(c) for s in self.exclude)]
         return out
 
     def cases(self, check: Check) -> list[Case]:
@@ -208,7 +203,10 @@ class Matrix:
                 if check.applies_to(cell)]
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
-        return next((w for w in self.waivers if w.selector.matches(cell, check)), None)
+        for w in self.waivers:
+            if w.selector.matches(cell, check):
+                return w
+        return None
 
     def arch(self, name: str) -> Arch:
         """Look an arch up by name or alias; a typo gets the closest names."""
@@ -364,7 +362,7 @@ def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
         value = doc.scalar(node, what)
         if value not in opts:
             hint = closest(value, opts) if isinstance(value, str) else ""
-            raise doc.error(node, f"{what}: expected one of {', '.join(opts)}; got {value!r}{hint}")
+            raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
         return value
     return convert
 
@@ -538,7 +536,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             _unique(doc, names, n, nd, "arch name or alias")
         archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
     caps: dict[tuple[int, int], str] = {}
-    for a, node in zip(archs, top["archs"]):
+    for a, node in zip(archs, top["archs"], strict=True):
         if a.capability in caps:
             raise doc.error(node, f"arch {a.name!r} has capability {a.capability} already used by "
                                   f"{caps[a.capability]!r}: capabilities map to exactly one arch")
@@ -657,10 +655,10 @@ def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known:
 def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
     """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
     owners: dict[str, str] = {t: "tier" for t in TIERS}
-    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"]) for n in (a.name, *a.aliases)]
-    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"])]
-    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"])]
-    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"])]
+    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
+    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
+    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
     for name, owner, node in entries:
         prev = owners.setdefault(name, owner)
         if prev != owner:

@@ -104,22 +104,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"{v['platform']}"]
 
 
-_MARKS: dict[str, pytest.MarkDecorator] = {}
+_MARKS: dict[tuple[str, ...], tuple[pytest.MarkDecorator, ...]] = {}
 
 
-def _mark(name: str) -> pytest.MarkDecorator:
-    """One MarkDecorator per name: building thousands of identical ones dominates collection time."""
-    mark = _MARKS.get(name)
-    if mark is None:
-        mark = _MARKS[name] = getattr(pytest.mark, name)
-    return mark
-
-
-def _marks(case: Case, today: datetime.date) -> list[pytest.MarkDecorator]:
-    marks = [_mark(n) for n in case.markers]
+def _marks(case: Case, today: datetime.date) -> tuple[pytest.MarkDecorator, ...]:
+    """Axis marks are shared per marker combination: building thousands of identical ones dominates collection."""
+    names = case.markers
+    marks = _MARKS.get(names)
+    if marks is None:
+        marks = _MARKS[names] = tuple(getattr(pytest.mark, n) for n in names)
     w = case.waiver
     if w is not None and not w.expired(today):
-        marks.append(pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False))
+        marks += (pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False),)
     return marks
 
 

@@ -9,7 +9,6 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from quantmatrix.checkpoints.configs import SyntheticSpec, config_files
