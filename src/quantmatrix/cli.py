@@ -6,6 +6,7 @@ import argparse
 import datetime
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,21 +61,20 @@ def cmd_detect(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
-    import pytest
-
+    """pytest in a child process: a crash in a suite never takes the CLI (or its report path) down with it."""
     root = project_root()
     run_id = args.run_id or (f"{datetime.datetime.now():%Y%m%d-%H%M%S}-"
                              f"{socket.gethostname().split('.')[0]}")
     out = Path(args.out) if args.out else root / "reports" / run_id
     out.mkdir(parents=True, exist_ok=True)
-    argv = [str(root / "suites"), f"--rootdir={root}", f"--junitxml={out / 'junit.xml'}",
-            "-o", "junit_family=xunit1"]
+    argv = [sys.executable, "-m", "pytest", str(root / "suites"), f"--rootdir={root}",
+            f"--junitxml={out / 'junit.xml'}", "-o", "junit_family=xunit1"]
     if args.matrix:
         argv.append(f"--matrix={Path(args.matrix).resolve()}")
     if args.arch:
         argv.append(f"--arch={args.arch}")
     print(f"quantmatrix run {run_id}: JUnit -> {out / 'junit.xml'}", flush=True)
-    return int(pytest.main(argv + pytest_args))
+    return subprocess.run(argv + pytest_args, cwd=root).returncode
 
 
 def parser() -> argparse.ArgumentParser:
