@@ -23,6 +23,9 @@ from quantmatrix.errors import MatrixError
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
+# What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in vllm_adapter.role_of.
+ROLES = ("weight", "block_scale", "global_scale", "input_scale")
+ACTIVATION_SCALES = ("read", "not_read", "any")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -30,6 +33,7 @@ _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "f
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_REQUIRED = object()
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -69,6 +73,30 @@ class Scheme:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoeBackend:
+    """A vLLM MoE kernel backend and what it reads (from vLLM's oracle/nvfp4.py and experts/*)."""
+
+    name: str
+    reads: frozenset[str]
+    single_input_scale: bool
+    label: str
+
+    @property
+    def reads_activation_scales(self) -> bool:
+        return "input_scale" in self.reads
+
+
+class PerArch(dict):
+    """An expectation that may differ by arch: {arch name or alias: value, "*": default}."""
+
+    def for_arch(self, arch: Arch) -> Any:
+        for key in (arch.name, *arch.aliases, "*"):
+            if key in self:
+                return self[key]
+        raise KeyError(arch.name)
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
     """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
 
@@ -87,14 +115,26 @@ class Checkpoint:
     label: str
     where: str
 
-    def expectation(self, key: str) -> Any:
-        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass."""
-        if key in self.expect:
-            return self.expect[key]
-        if key in self.scheme.expect:
-            return self.scheme.expect[key]
-        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r} "
-                          f"(neither under its `expect:` nor under scheme {self.scheme.name!r})")
+    def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
+        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
+        (unless the check gives a default: an optional pin such as moe_backend)."""
+        for source in (self.expect, self.scheme.expect):
+            if key not in source:
+                continue
+            value = source[key]
+            if not isinstance(value, PerArch):
+                return value
+            if arch is None:
+                raise TypeError(f"expectation {key!r} is per arch: pass the arch")
+            try:
+                return value.for_arch(arch)
+            except KeyError:
+                continue  # the scheme may state it for this arch
+        if default is not _REQUIRED:
+            return default
+        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r}"
+                          f"{' for ' + arch.name if arch else ''} (neither under its `expect:` nor under scheme "
+                          f"{self.scheme.name!r}; a per-arch value needs the arch or '*')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +226,7 @@ class Matrix:
     schemes: Mapping[str, Scheme]
     checks: Mapping[str, Check]
     checkpoints: tuple[Checkpoint, ...]
+    moe_backends: Mapping[str, MoeBackend]
     include: tuple[Selector, ...]
     exclude: tuple[Selector, ...]
     waivers: tuple[Waiver, ...]
@@ -471,7 +512,23 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, _choice(ACTIVATION_SCALES)),
+                               "whether the selected MoE backend must read input_scale: read, not_read or any "
+                               "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, _list(_str)),
+                         "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
+                         required=False),
 }
+
+
+def _per_arch(doc: _Doc, node: yaml.Node, what: str, item: Callable[[_Doc, yaml.Node, str], Any]) -> PerArch:
+    if isinstance(node, yaml.MappingNode):
+        out = PerArch({key: item(doc, v, f"{what}.{key}") for key, _, v in doc.mapping(node, what)})
+    else:
+        out = PerArch({"*": item(doc, node, what)})
+    out.where = {key: doc.where(k) for k, _ in node.value for key in [doc.scalar(k, what)]} \
+        if isinstance(node, yaml.MappingNode) else {"*": doc.where(node)}
+    return out
 
 
 def _expect(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
@@ -491,6 +548,8 @@ _TOP = {
     "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
                      default=()),
     "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+    "moe_backends": Field(lambda d, n, w: tuple(d.sequence(n, w)), "MoE kernel backends and what they read",
+                          required=False, default=()),
 }
 
 
@@ -608,6 +667,35 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
                                       r["expect"], r["label"], doc.where(node)))
 
+    backends: dict[str, MoeBackend] = {}
+    backend_names: dict[str, str] = {}
+    for i, node in enumerate(top["moe_backends"]):
+        r = doc.record(node, f"moe_backends[{i}]", {
+            "name": Field(_str, "vLLM's backend name, e.g. MARLIN"),
+            "reads": Field(_list(_choice(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
+            "single_input_scale": Field(_bool, "takes one input_scale per layer (not per expert)",
+                                        required=False, default=False),
+            "label": Field(_str, "what it is"),
+        })
+        _unique(doc, backend_names, r["name"], r["@name"], "MoE backend")
+        backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"])
+    arch_keys = {n for a in archs for n in (a.name, *a.aliases)} | {"*"}
+    for owner, expect in [(f"scheme {s.name}", s.expect) for s in schemes.values()] + \
+                         [(f"checkpoint {c.id}", c.expect) for c in checkpoints]:
+        for key, value in expect.items():
+            if not isinstance(value, PerArch):
+                continue
+            for arch_key, where in value.where.items():
+                if arch_key not in arch_keys:
+                    raise MatrixError(f"{where}: {owner} expect.{key}: no arch {arch_key!r}"
+                                      f"{closest(arch_key, arch_keys)}")
+            if key == "moe_backend":
+                for arch_key, names in value.items():
+                    for name in names:
+                        if name not in backends:
+                            raise MatrixError(f"{value.where[arch_key]}: {owner} expect.moe_backend: no backend "
+                                              f"{name!r} under moe_backends{closest(name, backends)}")
+
     known = {
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
@@ -637,7 +725,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
         waivers.append(Waiver(sel, r["reason"], r["link"], r["expires"], doc.where(node)))
 
-    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints),
+    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints), backends,
                     selectors("include"), selectors("exclude"), tuple(waivers))
     _check_marker_clashes(doc, top, matrix)
     return matrix
