@@ -132,3 +132,69 @@ def test_main_exit_codes(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["declared"]["scheme"] == "weight_only" and out["findings"][0]["code"] == "unexpected_tensor"
     assert lint.main([str(tmp_path)]) == 2 and "cannot read config.json" in capsys.readouterr().err
+
+
+MALFORMED = """\
+version: 1
+archs: [{name: sm121, capability: "12.1", label: GB10}]
+modes: [{name: eager, label: eager}]
+schemes:
+  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4, lint: []}}
+checks:
+  - {name: checkpoint_lint, kind: lint, tier: cpu, description: lint}
+  - {name: hf_reference, kind: reference, tier: cpu, description: deselected here}
+  - {name: dequant_logits, kind: quantizer, tier: cpu, description: deselected here}
+checkpoints:
+  - id: no-input-scales
+    source: {synthetic: {model: qwen3_moe, input_scales: absent}}
+    producer: modelopt
+    scheme: nvfp4_w4a4
+    expect: {lint: [missing_tensor]}
+  - id: expert-hole
+    source: {synthetic: {model: qwen3_moe, omit_tensors: ["model.layers.0.mlp.experts.3.*.input_scale"]}}
+    producer: modelopt
+    scheme: nvfp4_w4a4
+    expect: {lint: [missing_tensor]}
+  - id: bad-values
+    source:
+      synthetic:
+        model: qwen3_moe
+        corrupt_tensors: {"model.layers.0.mlp.experts.1.down_proj.input_scale": inf,
+                          "model.layers.1.mlp.experts.2.up_proj.weight_scale": nan}
+    producer: modelopt
+    scheme: nvfp4_w4a4
+    expect: {lint: [bad_value]}
+  - id: bad-shapes
+    source: {synthetic: {model: qwen3_moe, corrupt_tensors: {"*.experts.0.down_proj.weight_scale": shape}}}
+    producer: compressed-tensors
+    scheme: nvfp4_w4a4
+    expect: {lint: [bad_shape]}
+  - id: hole-not-declared
+    label: the matrix forgot to say this one is malformed - the check must fail it
+    source: {synthetic: {model: qwen3_moe, omit_tensors: ["model.layers.1.mlp.experts.0.gate_proj.input_scale"]}}
+    producer: modelopt
+    scheme: nvfp4_w4a4
+  - id: sound-but-expected-broken
+    label: a sound export the matrix claims is broken - the check must fail it too
+    source: {synthetic: {model: qwen3_moe}}
+    producer: compressed-tensors
+    scheme: nvfp4_w4a4
+    expect: {lint: [bad_value]}
+"""
+
+
+def test_lint_check_passes_and_fails_exactly_as_expect_lint_says(pytester, monkeypatch, tmp_path):
+    """Through the real suite: each malformed variant passes when `expect.lint` names its findings; an
+    undeclared hole and a sound export claimed broken both fail, with the lint's report in the output."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    pytester.makefile(".yaml", m=MALFORMED)
+    suite = Path(__file__).parents[1] / "suites" / "test_checkpoints.py"
+    pytester.makepyfile(test_checkpoints=suite.read_text())
+    result = pytester.runpytest("--matrix", "m.yaml", "-p", "no:cacheprovider", "-rf", "-k", "checkpoint_lint")
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["FAILED *test_checkpoint_lint[[]hole-not-declared@sm121-eager]*",
+                                 "FAILED *test_checkpoint_lint[[]sound-but-expected-broken@sm121-eager]*"])
+    result.stdout.fnmatch_lines(["E * lint: unexpected findings [[]'missing_tensor']",
+                                 "E * model.layers.1.mlp.experts.0.gate_proj [[]layer 1, expert 0] input_scale: "
+                                 "missing*"])
+    result.stdout.fnmatch_lines(["E * lint: expected findings [[]'bad_value'] did not appear"])

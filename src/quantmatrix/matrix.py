@@ -24,6 +24,9 @@ from quantmatrix.errors import MatrixError
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
+# What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in vllm_adapter.role_of.
+ROLES = ("weight", "block_scale", "global_scale", "input_scale")
+ACTIVATION_SCALES = ("read", "not_read", "any")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -31,6 +34,7 @@ _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "f
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_REQUIRED = object()
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -70,6 +74,30 @@ class Scheme:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoeBackend:
+    """A vLLM MoE kernel backend and what it reads (from vLLM's oracle/nvfp4.py and experts/*)."""
+
+    name: str
+    reads: frozenset[str]
+    single_input_scale: bool
+    label: str
+
+    @property
+    def reads_activation_scales(self) -> bool:
+        return "input_scale" in self.reads
+
+
+class PerArch(dict):
+    """An expectation that may differ by arch: {arch name or alias: value, "*": default}."""
+
+    def for_arch(self, arch: Arch) -> Any:
+        for key in (arch.name, *arch.aliases, "*"):
+            if key in self:
+                return self[key]
+        raise KeyError(arch.name)
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
     """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
 
@@ -88,14 +116,26 @@ class Checkpoint:
     label: str
     where: str
 
-    def expectation(self, key: str) -> Any:
-        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass."""
-        if key in self.expect:
-            return self.expect[key]
-        if key in self.scheme.expect:
-            return self.scheme.expect[key]
-        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r} "
-                          f"(neither under its `expect:` nor under scheme {self.scheme.name!r})")
+    def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
+        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
+        (unless the check gives a default: an optional pin such as moe_backend)."""
+        for source in (self.expect, self.scheme.expect):
+            if key not in source:
+                continue
+            value = source[key]
+            if not isinstance(value, PerArch):
+                return value
+            if arch is None:
+                raise TypeError(f"expectation {key!r} is per arch: pass the arch")
+            try:
+                return value.for_arch(arch)
+            except KeyError:
+                continue  # the scheme may state it for this arch
+        if default is not _REQUIRED:
+            return default
+        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r}"
+                          f"{' for ' + arch.name if arch else ''} (neither under its `expect:` nor under scheme "
+                          f"{self.scheme.name!r}; a per-arch value needs the arch or '*')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,21 +227,17 @@ class Matrix:
     schemes: Mapping[str, Scheme]
     checks: Mapping[str, Check]
     checkpoints: tuple[Checkpoint, ...]
+    moe_backends: Mapping[str, MoeBackend]
     include: tuple[Selector, ...]
     exclude: tuple[Selector, ...]
     waivers: tuple[Waiver, ...]
 
     def cells(self) -> list[Cell]:
-        out = []
-        for ck in self.checkpoints:
-            for arch in self.archs:
-                for mode in self.modes:
-                    cell = Cell(ck, arch, mode)
-                    if self.include and not any(s.matches(cell) for s in self.include):
-                        continue
-                    if any(s.matches(cell) for s in self.exclude):
-                        continue
-                    out.append(cell)
+        out = [Cell(ck, arch, mode) for ck in self.checkpoints for arch in self.archs for mode in self.modes]
+        if self.include:
+            out = [c for c in out if any(s.matches(c) for s in self.include)]
+        if self.exclude:
+            out = [c for c in out if not any(s.matches(c) for s in self.exclude)]
         return out
 
     def cases(self, check: Check) -> list[Case]:
@@ -209,7 +245,10 @@ class Matrix:
                 if check.applies_to(cell)]
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
-        return next((w for w in self.waivers if w.selector.matches(cell, check)), None)
+        for w in self.waivers:
+            if w.selector.matches(cell, check):
+                return w
+        return None
 
     def arch(self, name: str) -> Arch:
         """Look an arch up by name or alias; a typo gets the closest names."""
@@ -262,7 +301,7 @@ class _Doc:
 
     def scalar(self, node: yaml.Node, what: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
-            raise self.error(node, f"{what}: expected a single value, got a {_kind(node)}")
+            raise self.error(node, f"{what}: expected a single value, got {_kind(node)}")
         try:
             return self._constructor.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as e:
@@ -365,7 +404,7 @@ def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
         value = doc.scalar(node, what)
         if value not in opts:
             hint = closest(value, opts) if isinstance(value, str) else ""
-            raise doc.error(node, f"{what}: expected one of {', '.join(opts)}; got {value!r}{hint}")
+            raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
         return value
     return convert
 
@@ -488,7 +527,23 @@ EXPECT_FIELDS: dict[str, Field] = {
     "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
     "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
                   required=False),
+    "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, _choice(ACTIVATION_SCALES)),
+                               "whether the selected MoE backend must read input_scale: read, not_read or any "
+                               "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, _list(_str)),
+                         "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
+                         required=False),
 }
+
+
+def _per_arch(doc: _Doc, node: yaml.Node, what: str, item: Callable[[_Doc, yaml.Node, str], Any]) -> PerArch:
+    if isinstance(node, yaml.MappingNode):
+        out = PerArch({key: item(doc, v, f"{what}.{key}") for key, _, v in doc.mapping(node, what)})
+    else:
+        out = PerArch({"*": item(doc, node, what)})
+    out.where = {key: doc.where(k) for k, _ in node.value for key in [doc.scalar(k, what)]} \
+        if isinstance(node, yaml.MappingNode) else {"*": doc.where(node)}
+    return out
 
 
 def _expect(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
@@ -508,6 +563,8 @@ _TOP = {
     "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
                      default=()),
     "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+    "moe_backends": Field(lambda d, n, w: tuple(d.sequence(n, w)), "MoE kernel backends and what they read",
+                          required=False, default=()),
 }
 
 
@@ -553,7 +610,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             _unique(doc, names, n, nd, "arch name or alias")
         archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
     caps: dict[tuple[int, int], str] = {}
-    for a, node in zip(archs, top["archs"]):
+    for a, node in zip(archs, top["archs"], strict=True):
         if a.capability in caps:
             raise doc.error(node, f"arch {a.name!r} has capability {a.capability} already used by "
                                   f"{caps[a.capability]!r}: capabilities map to exactly one arch")
@@ -615,11 +672,44 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
             "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
         })
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
+        if r["source"].kind == "synthetic" and r["scheme"] in schemes:
+            spec = synthetic.SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value)
+            if spec.problem():
+                raise doc.error(r["@source"], f"checkpoints[{i}].source.synthetic: {spec.problem()}")
         if r["scheme"] not in schemes:
             raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
                                           f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
         checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
                                       r["expect"], r["label"], doc.where(node)))
+
+    backends: dict[str, MoeBackend] = {}
+    backend_names: dict[str, str] = {}
+    for i, node in enumerate(top["moe_backends"]):
+        r = doc.record(node, f"moe_backends[{i}]", {
+            "name": Field(_str, "vLLM's backend name, e.g. MARLIN"),
+            "reads": Field(_list(_choice(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
+            "single_input_scale": Field(_bool, "takes one input_scale per layer (not per expert)",
+                                        required=False, default=False),
+            "label": Field(_str, "what it is"),
+        })
+        _unique(doc, backend_names, r["name"], r["@name"], "MoE backend")
+        backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"])
+    arch_keys = {n for a in archs for n in (a.name, *a.aliases)} | {"*"}
+    for owner, expect in [(f"scheme {s.name}", s.expect) for s in schemes.values()] + \
+                         [(f"checkpoint {c.id}", c.expect) for c in checkpoints]:
+        for key, value in expect.items():
+            if not isinstance(value, PerArch):
+                continue
+            for arch_key, where in value.where.items():
+                if arch_key not in arch_keys:
+                    raise MatrixError(f"{where}: {owner} expect.{key}: no arch {arch_key!r}"
+                                      f"{closest(arch_key, arch_keys)}")
+            if key == "moe_backend":
+                for arch_key, names in value.items():
+                    for name in names:
+                        if name not in backends:
+                            raise MatrixError(f"{value.where[arch_key]}: {owner} expect.moe_backend: no backend "
+                                              f"{name!r} under moe_backends{closest(name, backends)}")
 
     known = {
         "checkpoint": [c.id for c in checkpoints],
@@ -650,7 +740,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
         waivers.append(Waiver(sel, r["reason"], r["link"], r["expires"], doc.where(node)))
 
-    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints),
+    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints), backends,
                     selectors("include"), selectors("exclude"), tuple(waivers))
     _check_marker_clashes(doc, top, matrix)
     return matrix
@@ -668,10 +758,10 @@ def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known:
 def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
     """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
     owners: dict[str, str] = {t: "tier" for t in TIERS}
-    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"]) for n in (a.name, *a.aliases)]
-    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"])]
-    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"])]
-    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"])]
+    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
+    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
+    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
     for name, owner, node in entries:
         prev = owners.setdefault(name, owner)
         if prev != owner:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from quantmatrix import checkpoints, hardware, vllm_adapter
+from quantmatrix import audit, checkpoints, dispatch, hardware, vllm_adapter
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.matrix import Case, Cell, Matrix, closest, load
 
@@ -32,6 +32,9 @@ class Settings:
     runner: str
     checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
     resolutions: dict[Path, vllm_adapter.Resolution] = dataclasses.field(default_factory=dict)
+    layers: dict[tuple[str, str], dispatch.LayerBuild] = dataclasses.field(default_factory=dict)
+    audits: dict[tuple[str, str], audit.Report | str] = dataclasses.field(default_factory=dict)
+    layer_builds: int = 0  # every MoE layer built this session (the closing figure: builds vs cases)
     # Per-checkpoint results of checks, keyed by (check, what identifies the input): a cell's arch and
     # mode multiply the cases, not the work.
     memo: dict[tuple[str, Any], Any] = dataclasses.field(default_factory=dict)
@@ -113,22 +116,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"{v['platform']}"]
 
 
-_MARKS: dict[str, pytest.MarkDecorator] = {}
+_MARKS: dict[tuple[str, ...], tuple[pytest.MarkDecorator, ...]] = {}
 
 
-def _mark(name: str) -> pytest.MarkDecorator:
-    """One MarkDecorator per name: building thousands of identical ones dominates collection time."""
-    mark = _MARKS.get(name)
-    if mark is None:
-        mark = _MARKS[name] = getattr(pytest.mark, name)
-    return mark
-
-
-def _marks(case: Case, today: datetime.date) -> list[pytest.MarkDecorator]:
-    marks = [_mark(n) for n in case.markers]
+def _marks(case: Case, today: datetime.date) -> tuple[pytest.MarkDecorator, ...]:
+    """Axis marks are shared per marker combination: building thousands of identical ones dominates collection."""
+    names = case.markers
+    marks = _MARKS.get(names)
+    if marks is None:
+        marks = _MARKS[names] = tuple(getattr(pytest.mark, n) for n in names)
     w = case.waiver
     if w is not None and not w.expired(today):
-        marks.append(pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False))
+        marks += (pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False),)
     return marks
 
 
@@ -154,7 +153,9 @@ def _case(item: pytest.Item) -> Case | None:
     return callspec.params.get("case") if callspec is not None else None
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture: a case that must not run (absent GPU, expired waiver) never builds anything."""
     case = _case(item)
     if case is None:
         return
@@ -217,6 +218,68 @@ def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) 
     if checkpoint_dir not in cache:
         cache[checkpoint_dir] = vllm_adapter.resolve(checkpoint_dir)
     return cache[checkpoint_dir]
+
+
+def _build(settings: Settings, checkpoint_dir: Path, cell: Cell) -> dispatch.LayerBuild:
+    settings.layer_builds += 1
+    return dispatch.build_layer(checkpoint_dir, cell.arch)
+
+
+@pytest.fixture
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> dispatch.LayerBuild:
+    """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
+    key = (cell.checkpoint.id, cell.arch.name)
+    cache = quantmatrix_settings.layers
+    if key not in cache:
+        cache[key] = _build(quantmatrix_settings, checkpoint_dir, cell)
+    return cache[key]
+
+
+@pytest.fixture
+def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: dispatch.LayerBuild,
+               quantmatrix_settings: Settings) -> audit.Report:
+    """The post-load audit of the cell's layer, once per (checkpoint, arch); the layer must have been built."""
+    key = (cell.checkpoint.id, cell.arch.name)
+    cache = quantmatrix_settings.audits
+    if key not in cache:
+        layer = moe_layer.layer
+        matrix = quantmatrix_settings.matrix
+        if layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
+            pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+        if layer is None:
+            cache[key] = f"no MoE layer to audit: vLLM refused to build it ({moe_layer.error})"
+        elif layer.backend not in matrix.moe_backends:
+            cache[key] = (f"backend {layer.backend} is not described under moe_backends, so what it reads is "
+                          "unknown")
+        else:
+            backend = matrix.moe_backends[layer.backend]
+            cache[key] = audit.audit(layer, audit.checkpoint_tensors(checkpoint_dir, layer.prefix), backend.reads,
+                                     backend.single_input_scale)
+    report = cache[key]
+    if isinstance(report, str):
+        pytest.fail(report, pytrace=False)
+    return report
+
+
+@pytest.fixture
+def kernel_format(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> audit.KernelFormat:
+    """vLLM's post-processing on a fresh layer (it rewrites parameters, so it never shares the audited one)."""
+    build = _build(quantmatrix_settings, checkpoint_dir, cell)
+    if build.layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
+        pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
+    if build.layer is None:
+        pytest.fail(f"vLLM refused to build the MoE layer: {build.error}", pytrace=False)
+    result = audit.kernel_format(build.layer, audit.checkpoint_tensors(checkpoint_dir, build.layer.prefix))
+    if result.needs_cuda:
+        pytest.skip(result.needs_cuda)
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    s = config.stash.get(SETTINGS, None)
+    if s is not None and s.layer_builds:
+        terminalreporter.write_line(f"quantmatrix: {s.layer_builds} MoE layer builds for "
+                                    f"{len(s.layers)} (checkpoint, arch) pairs")
 
 
 @pytest.fixture

@@ -48,8 +48,8 @@ def hf_reference(path: Path) -> tuple[list[list[int]], str | None]:
     got = base.greedy(base.load_hf(path), ids)
     if got == recorded["greedy_ids"]:
         return got, None
-    rows = [f"  {p!r}: recorded {r}, now {g}" for p, r, g in zip(recorded["prompts"], recorded["greedy_ids"], got)
-            if r != g]
+    rows = [f"  {p!r}: recorded {r}, now {g}"
+            for p, r, g in zip(recorded["prompts"], recorded["greedy_ids"], got, strict=True) if r != g]
     return got, (f"greedy output of the saved model differs from the one recorded at build time (recorded with "
                  f"{recorded['recorded_with']}):\n" + "\n".join(rows))
 
@@ -79,6 +79,7 @@ def dequant_error(checkpoint_dir: Path, bf16_dir: Path) -> LogitError:
     ids = base.encode(bf16_dir, prompts)
     ref = base.logits(base.load_hf(bf16_dir), ids)
     dq = base.logits(base.load_hf(checkpoint_dir / DEQUANTIZED), ids)
-    rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(dq, ref))
-    top1 = sum((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in zip(dq, ref)) / len(ref)
+    pairs = list(zip(dq, ref, strict=True))
+    rel = max(((a - b).norm() / b.norm()).item() for a, b in pairs)
+    top1 = sum((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in pairs) / len(pairs)
     return LogitError(rel, top1)
