@@ -29,6 +29,7 @@ def build(tmp_path: Path, name: str, **fields) -> Path:
     dict(producer="modelopt", scheme="nvfp4_w4a4", quantize="experts_attention", model="mixtral"),
     dict(producer="compressed-tensors", scheme="nvfp4_w4a4", quantize="experts_attention"),
     dict(producer="compressed-tensors", scheme="nvfp4_weight_only", input_activations="empty"),
+    dict(producer="modelopt", scheme="nvfp4_w4a4", size="gpu_tiny", model="mixtral"),
 ], ids=lambda f: "-".join(str(v) for v in f.values()))
 def test_sound_exports_are_clean(tmp_path, fields):
     """Every well-formed export agrees with its own config, including block-scale values."""
