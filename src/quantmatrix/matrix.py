@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from quantmatrix.checkpoints import configs as synthetic
+from quantmatrix.checkpoints import lint as lint_codes
 from quantmatrix.errors import MatrixError
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
@@ -26,6 +27,7 @@ RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in vllm_adapter.role_of.
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
 ACTIVATION_SCALES = ("read", "not_read", "any")
+AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -467,6 +469,11 @@ def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str
     return Selector(pats), {k: rec[f"@{k}"] for k in pats}
 
 
+def _faults(doc: _Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
+    fault = _choice(synthetic.FAULTS)
+    return tuple((key, fault(doc, vnode, f"{what}.{key}")) for key, _, vnode in doc.mapping(node, what))
+
+
 SYNTHETIC_FIELDS: dict[str, Field] = {
     "model": Field(_choice(synthetic.MODELS), "model architecture", required=False),
     "size": Field(_choice(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
@@ -478,6 +485,13 @@ SYNTHETIC_FIELDS: dict[str, Field] = {
     "config_groups": Field(_choice(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
     "quant_algo": Field(_str, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
     "quantize": Field(_choice(synthetic.QUANTIZE), "which modules are quantized", required=False),
+    "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
+                  required=False),
+    "input_scales": Field(_choice(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
+                          "config: auto (what the scheme implies), present or absent", required=False),
+    "omit_tensors": Field(_list(_str), "globs of tensors to leave out (e.g. one expert's input_scale)",
+                          required=False),
+    "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
 }
 
 
@@ -515,9 +529,14 @@ EXPECT_FIELDS: dict[str, Field] = {
     "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, _choice(ACTIVATION_SCALES)),
                                "whether the selected MoE backend must read input_scale: read, not_read or any "
                                "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "audit": Field(lambda d, n, w: _per_arch(d, n, w, _list(_choice(AUDIT_FAILURES))), "what the post-load "
+                   "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
+                   required=False),
     "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, _list(_str)),
                          "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
                          required=False),
+    "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
+                  required=False),
 }
 
 

@@ -3,7 +3,6 @@ and hub ids resolved from the local Hugging Face cache only (this suite never do
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -12,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantmatrix.checkpoints.configs import SyntheticSpec, config_files
-from quantmatrix.errors import CheckpointUnavailable
+from quantmatrix.errors import CheckpointUnavailable, MatrixError
 
 if TYPE_CHECKING:  # matrix imports this package's constants; avoid the cycle at run time
     from quantmatrix.matrix import Checkpoint
 
 _COMPLETE = ".quantmatrix-complete"
+DEQUANTIZED = "dequantized"
 
 
 def cache_root() -> Path:
@@ -29,6 +29,11 @@ def cache_root() -> Path:
 def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
     """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones)."""
     return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **checkpoint.source.value)
+
+
+def base_spec(spec: SyntheticSpec) -> SyntheticSpec:
+    """The bf16 family member an NVFP4 spec was quantized from (same model, size and seed)."""
+    return SyntheticSpec(producer="none", scheme="bf16", model=spec.model, size=spec.size, seed=spec.seed)
 
 
 def materialize(checkpoint: Checkpoint) -> Path:
@@ -43,8 +48,16 @@ def materialize(checkpoint: Checkpoint) -> Path:
         repo, revision = checkpoint.source.value
         return resolve_hub(repo, revision)
     spec = spec_of(checkpoint)
+    try:
+        return materialize_spec(spec, checkpoint.id)
+    except MatrixError as e:
+        raise MatrixError(f"{checkpoint.source.where}: checkpoint {checkpoint.id!r}: {e}") from None
+
+
+def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
+    """The cache entry of one spec (`label-<digest>`), built unless already complete: a hash check only."""
     digest = spec.digest()
-    final = cache_root() / "checkpoints" / f"{checkpoint.id}-{digest[:16]}"
+    final = cache_root() / "checkpoints" / f"{label}-{digest[:16]}"
     if not _complete(final, digest):
         build(spec, final, digest)
     return final
@@ -59,6 +72,7 @@ def build(spec: SyntheticSpec, final: Path, digest: str) -> None:
     """Write into a private temp dir, then rename: a killed run never leaves a directory a later run trusts."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would survive the rename
     try:
         write(spec, tmp)
         (tmp / _COMPLETE).write_text(digest)
@@ -74,9 +88,20 @@ def build(spec: SyntheticSpec, final: Path, digest: str) -> None:
 
 
 def write(spec: SyntheticSpec, out: Path) -> None:
-    """Write the checkpoint's files into `out` (which must exist)."""
-    for name, content in config_files(spec).items():
-        (out / name).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    """Write the whole checkpoint into `out` (which must exist). An NVFP4 export also gets `dequantized/`:
+    the bf16 HF model its clean tensors encode (before any fault of the spec), the e2e tier's reference.
+    A bf16 checkpoint gets REFERENCE_FILE: transformers' greedy continuation of the shipped prompts."""
+    from quantmatrix.checkpoints import base, export  # torch and transformers: only when building
+
+    family = base.base(spec.model, spec.size, spec.seed)
+    files = config_files(spec)
+    if spec.producer == "none":
+        base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, family.tensors, family.tokenizer)
+        return
+    exported = export.export(spec, family)
+    base.write_hf(out, files, exported.tensors, family.tokenizer)
+    (out / DEQUANTIZED).mkdir()
+    base.write_hf(out / DEQUANTIZED, config_files(base_spec(spec)), exported.dequantized, family.tokenizer)
 
 
 def hub_cache() -> Path:

@@ -19,8 +19,12 @@ FORMS = ("config_json", "legacy")
 INPUT_ACTIVATIONS = ("quantized", "null", "missing", "empty")
 CONFIG_GROUPS = ("present", "empty", "missing")
 QUANTIZE = ("experts", "experts_attention")
+# Which input-scale tensors the export holds, whatever its config says: `auto` = what the scheme implies.
+INPUT_SCALES = ("auto", "present", "absent")
+# Faults `corrupt_tensors` can put into a tensor (zero / inf / nan values, or a wrong shape).
+FAULTS = ("zero", "inf", "nan", "shape")
 # Bumped whenever the factory writes different bytes for the same spec (invalidates the cache).
-FACTORY_VERSION = 1
+FACTORY_VERSION = 2
 
 MODELOPT_VERSION = "0.37.0"
 _SIZES = {
@@ -42,6 +46,10 @@ class SyntheticSpec:
     config_groups: str = "present"
     quant_algo: str | None = None  # None: what the scheme implies
     quantize: str = "experts"
+    seed: int = 0  # the bf16 weights; every variant of a family shares them
+    input_scales: str = "auto"
+    omit_tensors: tuple[str, ...] = ()  # fnmatch globs over tensor names, each must match
+    corrupt_tensors: tuple[tuple[str, str], ...] = ()  # (glob, fault) pairs
 
     @property
     def activations(self) -> str:
@@ -57,6 +65,8 @@ class SyntheticSpec:
             return f"quant_algo is a ModelOpt key; producer is {self.producer!r}"
         if (self.scheme == "bf16") != (self.producer == "none"):
             return "scheme bf16 goes with producer none (and only it)"
+        if self.producer == "none" and (self.omit_tensors or self.corrupt_tensors or self.input_scales != "auto"):
+            return "omit_tensors, corrupt_tensors and input_scales act on NVFP4 tensors; a bf16 checkpoint has none"
         return None
 
     def digest(self) -> str:
