@@ -25,7 +25,7 @@ _SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
 class Finding:
     param: str
     role: str
-    kind: str  # unloaded | nonfinite | zero | negative | varies
+    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies
     experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
     read: bool  # does the selected backend read this tensor?
     detail: str = ""
@@ -48,7 +48,8 @@ class Report:
 
     @property
     def unusable(self) -> list[Finding]:
-        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative")]
+        """Loaded with values no kernel can use, or refused by vLLM's loader (loud, but the checkpoint is broken)."""
+        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative", "refused")]
 
     @property
     def notes(self) -> list[Finding]:
@@ -92,17 +93,32 @@ def _expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.nonzero(mask.reshape(num_experts, -1).any(dim=1)).flatten())
 
 
-def audit(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+def audit(layers: Iterable[MoELayer], tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
           reads: frozenset[str], single_input_scale: bool) -> Report:
+    """Audit every MoE layer of the checkpoint (a hole can sit in any layer) against one backend's reads."""
+    reports = [_audit_one(layer, tensors, reads, single_input_scale) for layer in layers]
+    return Report(reports[0].backend, reads, tuple(f for r in reports for f in r.findings),
+                  frozenset(n for r in reports for n in r.loaded))
+
+
+def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+               reads: frozenset[str], single_input_scale: bool) -> Report:
     """Load the checkpoint into `layer` twice (one sentinel each) and judge every parameter."""
-    params = layer.parameters()
+    params = {layer.prefix + n: p for n, p in layer.parameters().items()}
     masks = []
     loaded: set[str] = set()
+    refused: dict[str, str] = {}
     for pass_index in range(len(SENTINELS)):
         fill(params, pass_index)
-        loaded |= layer.load(tensors())
+        for name, tensor in tensors():  # one at a time, so a refusal names its tensor
+            if not name.startswith(layer.prefix):
+                continue
+            try:
+                loaded |= layer.load([(name, tensor)])
+            except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+                refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
-    findings = []
+    findings = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
     n_exp = layer.num_experts
     for name, p in params.items():
         role = role_of(name)
@@ -137,11 +153,15 @@ def _scale_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor,
     return out
 
 
-def verdict(report: Report, cell_words: str, weight_only_checkpoint: bool) -> str | None:
-    """None when every tensor the kernel reads was loaded and usable, else what breaks and why."""
+def verdict(report: Report, cell_words: str, weight_only_checkpoint: bool, expected: Iterable[str] = ()) -> str | None:
+    """None when the audit found exactly what the matrix expects (usually nothing), else what breaks and why."""
     problems = report.read_but_unloaded + report.unusable
-    if not problems:
+    found = {f.kind for f in problems}
+    if found == set(expected):
         return None
+    if not problems:
+        return (f"{cell_words}: the matrix expects the audit to find {', '.join(sorted(expected))} in tensors "
+                f"backend {report.backend} reads, but every read tensor was loaded and usable")
     names = "; ".join(f.describe() for f in problems)
     head = f"{cell_words}: backend {report.backend} reads tensors that"
     if report.read_but_unloaded and not report.unusable:
@@ -156,10 +176,12 @@ def verdict(report: Report, cell_words: str, weight_only_checkpoint: bool) -> st
                "memory held (0.0 on GB10 zeroed every expert)")
         if weight_only_checkpoint:
             why = " - weight-only checkpoint routed to a W4A4 fused-MoE backend: it has no input_scale" + why
-    return f"{head}: {names}{why}"
+    missing = set(expected) - found
+    tail = f" [the matrix also expected: {', '.join(sorted(missing))}]" if missing else ""
+    return f"{head}: {names}{why}{tail}"
 
 
-def checkpoint_tensors(checkpoint_dir: Path, prefix: str) -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:
+def checkpoint_tensors(checkpoint_dir: Path, prefix: str = "") -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:
     """A re-iterable source of the checkpoint's tensors under `prefix`, read from its safetensors files."""
     from safetensors import safe_open
 

@@ -101,14 +101,17 @@ class LayerBuild:
 
     layer: MoELayer | None
     error: str | None
+    layers: list[MoELayer] = dataclasses.field(default_factory=list)  # every MoE layer, when asked for
 
 
-def build_layer(checkpoint_dir: Path, arch: Arch) -> LayerBuild:
-    """vLLM's own MoE block for the checkpoint, built as on `arch` (simulated capability)."""
+def build_layer(checkpoint_dir: Path, arch: Arch, every_layer: bool = False) -> LayerBuild:
+    """vLLM's own MoE block for the checkpoint (the first, or every one), built as on `arch` (simulated)."""
     try:
         model_config = vllm_adapter.prepare_layer_build(checkpoint_dir)
+        indices = vllm_adapter.moe_layer_indices(model_config)
         with hardware.simulate(arch):
-            return LayerBuild(vllm_adapter.build_moe_layer(model_config), None)
+            layers = [vllm_adapter.build_moe_layer(model_config, i) for i in (indices if every_layer else indices[:1])]
+        return LayerBuild(layers[0], None, layers)
     except AdapterMismatch:
         raise
     except (ValueError, NotImplementedError, RuntimeError, KeyError, TypeError) as e:

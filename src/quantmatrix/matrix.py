@@ -27,6 +27,7 @@ RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in vllm_adapter.role_of.
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
 ACTIVATION_SCALES = ("read", "not_read", "any")
+AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -525,14 +526,17 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
-    "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
-                  required=False),
     "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, _choice(ACTIVATION_SCALES)),
                                "whether the selected MoE backend must read input_scale: read, not_read or any "
                                "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "audit": Field(lambda d, n, w: _per_arch(d, n, w, _list(_choice(AUDIT_FAILURES))), "what the post-load "
+                   "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
+                   required=False),
     "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, _list(_str)),
                          "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
                          required=False),
+    "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
+                  required=False),
 }
 
 

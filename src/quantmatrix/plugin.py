@@ -31,12 +31,9 @@ class Settings:
     today: datetime.date
     runner: str
     checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
-    resolutions: dict[Path, vllm_adapter.Resolution] = dataclasses.field(default_factory=dict)
-    layers: dict[tuple[str, str], dispatch.LayerBuild] = dataclasses.field(default_factory=dict)
-    audits: dict[tuple[str, str], audit.Report | str] = dataclasses.field(default_factory=dict)
-    layer_builds: int = 0  # every MoE layer built this session (the closing figure: builds vs cases)
     # Per-checkpoint results of checks, keyed by (check, what identifies the input): a cell's arch and
     # mode multiply the cases, not the work.
+    layer_builds: int = 0  # every MoE layer built this session (the closing figure: builds vs cases)
     memo: dict[tuple[str, Any], Any] = dataclasses.field(default_factory=dict)
 
     def once(self, key: tuple[str, Any], compute: Callable[[], Any]) -> Any:
@@ -214,48 +211,41 @@ def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings) -> Path:
 @pytest.fixture
 def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> vllm_adapter.Resolution:
     """vLLM's config resolution of the cell's checkpoint, once per checkpoint per session."""
-    cache = quantmatrix_settings.resolutions
-    if checkpoint_dir not in cache:
-        cache[checkpoint_dir] = vllm_adapter.resolve(checkpoint_dir)
-    return cache[checkpoint_dir]
+    return quantmatrix_settings.once(("resolution", checkpoint_dir), lambda: vllm_adapter.resolve(checkpoint_dir))
 
 
-def _build(settings: Settings, checkpoint_dir: Path, cell: Cell) -> dispatch.LayerBuild:
-    settings.layer_builds += 1
-    return dispatch.build_layer(checkpoint_dir, cell.arch)
+def _build(settings: Settings, checkpoint_dir: Path, cell: Cell, every_layer: bool = False) -> dispatch.LayerBuild:
+    build = dispatch.build_layer(checkpoint_dir, cell.arch, every_layer)
+    settings.layer_builds += max(1, len(build.layers))
+    return build
 
 
 @pytest.fixture
 def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> dispatch.LayerBuild:
     """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
-    key = (cell.checkpoint.id, cell.arch.name)
-    cache = quantmatrix_settings.layers
-    if key not in cache:
-        cache[key] = _build(quantmatrix_settings, checkpoint_dir, cell)
-    return cache[key]
+    return quantmatrix_settings.once(("moe_layer", checkpoint_dir, cell.arch.name),
+                                     lambda: _build(quantmatrix_settings, checkpoint_dir, cell))
 
 
 @pytest.fixture
 def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: dispatch.LayerBuild,
                quantmatrix_settings: Settings) -> audit.Report:
     """The post-load audit of the cell's layer, once per (checkpoint, arch); the layer must have been built."""
-    key = (cell.checkpoint.id, cell.arch.name)
-    cache = quantmatrix_settings.audits
-    if key not in cache:
-        layer = moe_layer.layer
-        matrix = quantmatrix_settings.matrix
-        if layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
-            pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+    layer = moe_layer.layer
+    if layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
+        pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+
+    def run() -> audit.Report | str:
+        backends = quantmatrix_settings.matrix.moe_backends
         if layer is None:
-            cache[key] = f"no MoE layer to audit: vLLM refused to build it ({moe_layer.error})"
-        elif layer.backend not in matrix.moe_backends:
-            cache[key] = (f"backend {layer.backend} is not described under moe_backends, so what it reads is "
-                          "unknown")
-        else:
-            backend = matrix.moe_backends[layer.backend]
-            cache[key] = audit.audit(layer, audit.checkpoint_tensors(checkpoint_dir, layer.prefix), backend.reads,
-                                     backend.single_input_scale)
-    report = cache[key]
+            return f"no MoE layer to audit: vLLM refused to build it ({moe_layer.error})"
+        if layer.backend not in backends:
+            return f"backend {layer.backend} is not described under moe_backends, so what it reads is unknown"
+        backend = backends[layer.backend]
+        every = _build(quantmatrix_settings, checkpoint_dir, cell, every_layer=True).layers
+        return audit.audit(every, audit.checkpoint_tensors(checkpoint_dir), backend.reads, backend.single_input_scale)
+
+    report = quantmatrix_settings.once(("audit", checkpoint_dir, cell.arch.name), run)
     if isinstance(report, str):
         pytest.fail(report, pytrace=False)
     return report
@@ -264,12 +254,15 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: dispatch.LayerBuild,
 @pytest.fixture
 def kernel_format(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> audit.KernelFormat:
     """vLLM's post-processing on a fresh layer (it rewrites parameters, so it never shares the audited one)."""
-    build = _build(quantmatrix_settings, checkpoint_dir, cell)
+    build = quantmatrix_settings.once(("kernel_build", checkpoint_dir, cell.arch.name),
+                                      lambda: _build(quantmatrix_settings, checkpoint_dir, cell))
     if build.layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
         pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
     if build.layer is None:
         pytest.fail(f"vLLM refused to build the MoE layer: {build.error}", pytrace=False)
-    result = audit.kernel_format(build.layer, audit.checkpoint_tensors(checkpoint_dir, build.layer.prefix))
+    result = quantmatrix_settings.once(
+        ("kernel_format", checkpoint_dir, cell.arch.name),
+        lambda: audit.kernel_format(build.layer, audit.checkpoint_tensors(checkpoint_dir, build.layer.prefix)))
     if result.needs_cuda:
         pytest.skip(result.needs_cuda)
     return result
@@ -278,8 +271,9 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_setti
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     s = config.stash.get(SETTINGS, None)
     if s is not None and s.layer_builds:
-        terminalreporter.write_line(f"quantmatrix: {s.layer_builds} MoE layer builds for "
-                                    f"{len(s.layers)} (checkpoint, arch) pairs")
+        pairs = sum(1 for key in s.memo if key[0] == "moe_layer")
+        terminalreporter.write_line(f"quantmatrix: {s.layer_builds} MoE layer builds for {pairs} "
+                                    "(checkpoint, arch) pairs")
 
 
 @pytest.fixture

@@ -275,6 +275,14 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
                     _method_weight_only(method), vllm_config, experts.moe_config.num_experts)
 
 
+def moe_layer_indices(model_config: Any) -> list[int]:
+    """Decoder layers whose MLP is a routed MoE block (Qwen3-MoE may keep some dense: mlp_only_layers)."""
+    hf = model_config.hf_text_config
+    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    step = getattr(hf, "decoder_sparse_step", 1) or 1
+    return [i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0]
+
+
 def _method_weight_only(method: Any) -> bool:
     """ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod both say it with `use_a16`."""
     name = type(method).__name__
