@@ -55,7 +55,8 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(ROOT)
     rc = cli.main(["run", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q",
-                   "-m", "dispatch and sm121", "-k", "qwen3moe-tiny-nvfp4-weight-only and not missing"])
+                   "-m", "dispatch and sm121",
+                   "-k", "config_dispatch and qwen3moe-tiny-nvfp4-weight-only and not missing and not stray"])
     assert rc == 0
     xml = junitparser.JUnitXml.fromfile(str(tmp_path / "r" / "junit.xml"))
     cases = [c for s in xml for c in s]
@@ -69,3 +70,14 @@ def test_run_with_nothing_selected_is_not_a_pass(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     rc = cli.main(["run", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q", "-k", "no_such_case"])
     assert rc == pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def test_lint_and_checkpoint_subcommands_are_wired(tmp_path, capsys, monkeypatch):
+    """`quantmatrix checkpoint make` writes a checkpoint that `quantmatrix lint` then reads as clean."""
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "ck"
+    assert cli.main(["checkpoint", "make", "qwen3moe-tiny-nvfp4-weight-only", "--out", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+    capsys.readouterr()
+    assert cli.main(["lint", str(out)]) == 0
+    assert "OK: every tensor agrees with the declared scheme" in capsys.readouterr().out

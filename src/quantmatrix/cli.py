@@ -77,9 +77,18 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     return subprocess.run(argv + pytest_args, cwd=root).returncode
 
 
+# Subcommands whose module owns its own arguments: `quantmatrix NAME ...` is `module.main([...])`.
+_DELEGATED = {
+    "lint": ("quantmatrix.checkpoints.lint", "check a checkpoint's declared scheme against its tensors"),
+    "checkpoint": ("quantmatrix.checkpoints.commands", "make or list the matrix's synthetic checkpoints"),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quantmatrix", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in _DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     for name, help_text in (("list", "the matrix's cells as a table"),
                             ("detect", "this host's GPUs and the markers they satisfy"),
                             ("run", "pytest over suites/ with JUnit into reports/<run-id>/; "
@@ -95,10 +104,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = parser().parse_known_args(argv)
-    if rest and args.command != "run":
-        parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv and argv[0] in _DELEGATED:
+            import importlib
+
+            return int(importlib.import_module(_DELEGATED[argv[0]][0]).main(argv[1:]))
+        args, rest = parser().parse_known_args(argv)
+        if rest and args.command != "run":
+            parser().error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "run":
             return cmd_run(args, rest)
         return {"list": cmd_list, "detect": cmd_detect}[args.command](args)
