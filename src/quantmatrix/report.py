@@ -37,6 +37,9 @@ LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
 # junitparser parses with lxml when it is installed, else with the standard library.
 _PARSE_ERRORS = (_jp.etree.ParseError, ET.ParseError)
 _CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)\Z")
+_RANK = {"error": 6, "failed": 5, "waived": 4, "xpassed": 3, "skipped": 2, "passed": 1}
+
+Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme
 
 
 class ReportError(QuantmatrixError):
@@ -48,40 +51,47 @@ class ReportError(QuantmatrixError):
 
 @dataclasses.dataclass(slots=True)
 class Case:
-    """One test case after folding its attempts; `props` are its per-case JUnit properties."""
+    """One test case after folding its attempts.
+
+    Its JUnit properties are split in `own` and `common` (those every case of its file shares, one object
+    per file) because 100k cases x 20 properties would otherwise dominate memory and summary.json.
+    """
 
     key: str
     outcome: str
-    props: dict[str, str]
+    own: dict[str, str]
+    common: dict[str, str]
+    axes: Axes
     message: str = ""
     log_tail: str = ""
     time: float = 0.0
     file: int | None = None
-    attempts: list[str] = dataclasses.field(default_factory=list)
-    history: list[list[str | None] | None] = dataclasses.field(default_factory=list)
-    tags: set[str] = dataclasses.field(default_factory=set)
-    axes: tuple[str, str, str, str, str] = ("", "", "", "", "")  # checkpoint, arch, mode, check, scheme
+    # Immutable defaults: most of 100k cases never get attempts, history or tags, and allocating empty
+    # containers for each of them is a measurable part of the 5 s budget.
+    attempts: tuple[str, ...] = ()
+    history: list[list[str | None] | None] | tuple[()] = ()
+    tags: frozenset[str] = frozenset()
+
+    def tag(self, name: str) -> None:
+        self.tags = self.tags | {name}
+
+    def prop(self, name: str, default: str | None = None) -> str | None:
+        value = self.own.get(name)
+        return value if value is not None else self.common.get(name, default)
 
     @property
-    def checkpoint(self) -> str:
-        return self.axes[0]
+    def props(self) -> dict[str, str]:
+        return {**self.common, **self.own} if self.common else self.own
 
-    @property
-    def arch(self) -> str:
-        return self.axes[1]
-
-    @property
-    def mode(self) -> str:
-        return self.axes[2]
-
-    @property
-    def check(self) -> str:
-        return self.axes[3]
+    checkpoint = property(lambda self: self.axes[0])
+    arch = property(lambda self: self.axes[1])
+    mode = property(lambda self: self.axes[2])
+    check = property(lambda self: self.axes[3])
 
 
 @dataclasses.dataclass
 class Input:
-    """One JUnit file that was merged: its host-level properties and the case properties all its cases share."""
+    """One merged JUnit file: its host-level (testsuite) properties and the case properties all its cases share."""
 
     path: str
     cases: int
@@ -95,7 +105,7 @@ class Report:
     date: str
     previous_night: str | None
     history_nights: int
-    nights: list[dict[str, str]]
+    nights: list[dict[str, str]]  # newest first, aligned with every Case.history
     inputs: list[Input]
     bad_inputs: list[dict[str, str]]
     cases: dict[str, Case]
@@ -103,7 +113,7 @@ class Report:
     disagreements: list[dict[str, Any]]
 
     def vllm_version(self, case: Case) -> str | None:
-        v = case.props.get("vllm_version")
+        v = case.prop("vllm_version")
         if v is None and case.file is not None:
             v = self.inputs[case.file].properties.get("vllm_version")
         return v
@@ -135,21 +145,20 @@ def grid(report: Report) -> Grid:
     cells: dict[tuple[str, str, str], list[Case]] = {}
     schemes: dict[str, str] = {}
     for c in report.cases.values():
-        cells.setdefault((c.checkpoint, c.arch, c.mode), []).append(c)
+        cells.setdefault(c.axes[:3], []).append(c)
         if c.axes[4]:
-            schemes.setdefault(c.checkpoint, c.axes[4])
+            schemes.setdefault(c.axes[0], c.axes[4])
     rows = sorted({k[0] for k in cells}, key=natural)
-    cols = sorted({k[1:] for k in cells}, key=lambda am: (natural(am[0]), mode_key(am[1])))
+    cols = sorted({k[1:] for k in cells}, key=lambda am: (natural(am[0]), am[1] != "default", am[1]))
     return Grid(rows, schemes, cols, cells)
 
 
 def cell_status(cases: list[Case]) -> str:
     """Worst first: a failure, then lost coverage, then a waiver; a cell of skips only is `skip`."""
     outcomes = {c.outcome for c in cases}
-    tags = set().union(*(c.tags for c in cases))
     if outcomes & RED:
         return "fail"
-    if tags & LOST:
+    if any(c.tags & LOST for c in cases):
         return "lost"
     if "waived" in outcomes:
         return "waived"
@@ -158,11 +167,7 @@ def cell_status(cases: list[Case]) -> str:
 
 def natural(s: str) -> tuple:
     """sm90 < sm100 < sm120 < sm121: numbers compare as numbers."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.split(r"(\d+)", s) if p)
-
-
-def mode_key(mode: str) -> tuple[bool, str]:
-    return (mode != "default", mode)
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", s) if p)
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -174,8 +179,8 @@ class _FileRead:
     problem: str | None = None
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     common: dict[str, str] = dataclasses.field(default_factory=dict)
-    # key, outcome, message, log tail, time, own properties, suite timestamp
-    rows: list[tuple[str, str, str, str, float, dict[str, str], str]] = dataclasses.field(default_factory=list)
+    # key, outcome, message, log tail, time, own properties, axes, suite timestamp
+    rows: list[tuple[str, str, str, str, float, dict[str, str], Axes, str]] = dataclasses.field(default_factory=list)
 
 
 def _tail(*texts: str | None) -> str:
@@ -193,7 +198,7 @@ def _waiver_expired(props: Mapping[str, str], today: datetime.date | None) -> bo
 
 
 def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -> tuple[str, str, str]:
-    """Map a junitparser TestCase to (outcome, message, log tail), honouring waivers."""
+    """Map a junitparser TestCase to (outcome, message, log tail); an expired waiver is a failure."""
     results = case.result
     message, log = "", ""
     bad = [r for r in results if isinstance(r, (Failure, Error))]
@@ -202,23 +207,32 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
         message = "\n".join(r.message or "" for r in bad)
         log = _tail(*(r.text for r in bad), case.system_out, case.system_err)
     elif results:
-        r = results[0]
-        message = r.message or ""
-        if r.type == "pytest.xfail":
+        message = results[0].message or ""
+        if results[0].type == "pytest.xfail":
             outcome = "waived"
-        elif message == "xfail-marked test passes unexpectedly":
-            outcome = "xpassed"
         else:
-            outcome = "skipped"
+            outcome = "xpassed" if message == "xfail-marked test passes unexpectedly" else "skipped"
     else:
         outcome = "xpassed" if "waiver_reason" in props else "passed"
-    if outcome in ("waived", "xpassed", "passed") and "waiver_reason" in props and \
-            _waiver_expired(props, today):
-        outcome = "failed"
-        message = f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}" + \
-                  (f" ({props['waiver_link']})" if props.get("waiver_link") else "") + \
-                  (f"\n{message}" if message else "")
+    if "waiver_reason" in props and _waiver_expired(props, today):
+        link = f" ({props['waiver_link']})" if props.get("waiver_link") else ""
+        message = (f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}{link}"
+                   + (f"\n{message}" if message else ""))
+        outcome = "failed" if outcome not in RED else outcome
     return outcome, message[:MESSAGE_CHARS], log
+
+
+def _axes(key: str, props: Mapping[str, str]) -> Axes:
+    """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
+    func, _, param = key.rpartition("::")[2].partition("[")
+    check = props.get("check") or func.removeprefix("test_")
+    ck, arch, mode = props.get("checkpoint"), props.get("arch"), props.get("mode")
+    if not (ck and arch and mode):
+        m = _CELL.match(props.get("cell") or param.rstrip("]"))
+        parsed = m.groupdict() if m else {}
+        ck, arch, mode = (ck or parsed.get("checkpoint", "(none)"), arch or parsed.get("arch", "(none)"),
+                          mode or parsed.get("mode", "(none)"))
+    return ck, arch, mode, check, props.get("scheme", "")
 
 
 def _read(path: str, today: datetime.date | None = None) -> _FileRead:
@@ -253,12 +267,12 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
                         props[p.get("name", "")] = p.get("value", "")
                 elif child.tag in ("failure", "error", "skipped"):
                     has_result = True
+            key = f"{case.classname or ''}::{case.name or ''}"
             if has_result or "waiver_reason" in props:
                 outcome, message, log = _outcome(case, props, today)
             else:
                 outcome, message, log = "passed", "", ""
-            out.rows.append((f"{case.classname or ''}::{case.name or ''}", outcome, message, log,
-                             case.time or 0.0, props, stamp))
+            out.rows.append((key, outcome, message, log, case.time or 0.0, props, _axes(key, props), stamp))
             per_case.append(props)
     if per_case:
         common = dict(per_case[0])
@@ -267,8 +281,9 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
                 del common[k]
         out.common = common
         if common:
-            out.rows = [(k, o, m, lg, t, {n: v for n, v in p.items() if n not in common}, s)
-                        for k, o, m, lg, t, p, s in out.rows]
+            for props in per_case:
+                for k in common:
+                    del props[k]
     return out
 
 
@@ -278,7 +293,7 @@ def _read_many(paths: list[str], today: datetime.date | None, jobs: int) -> list
     if jobs <= 1:
         return [_read(p, today) for p in paths]
     with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 4))))
+        return list(pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8))))
 
 
 def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
@@ -306,18 +321,17 @@ def _timestamp(stamp: str) -> float:
         return 0.0
 
 
-_RANK = {"error": 6, "failed": 5, "waived": 4, "xpassed": 3, "skipped": 2, "passed": 1}
-
-
 def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], dict[str, Case]]:
-    """Merge the files; a case seen more than once is folded, the latest attempt deciding its outcome.
+    """Merge the files; a case seen more than once is folded, its latest attempt deciding the outcome.
 
-    Two entries for one case inside one file are one attempt (pytest writes a call failure and a teardown
+    Two entries for one case in one file are one attempt (pytest writes a call failure and a teardown
     error as two <testcase>s), so they combine; entries in different files are reruns, ordered by time.
     """
     inputs: list[Input] = []
     bad: list[dict[str, str]] = []
-    seen: dict[str, list[tuple[float, int, tuple]]] = {}
+    cases: dict[str, Case] = {}
+    origin: dict[str, tuple[int, tuple]] = {}
+    dups: dict[str, list[tuple[int, tuple]]] = {}
     for read in reads:
         if read.problem:
             bad.append({"path": read.path, "problem": read.problem})
@@ -325,43 +339,27 @@ def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], di
         idx = len(inputs)
         inputs.append(Input(read.path, len(read.rows), read.properties, read.common))
         for row in read.rows:
-            seen.setdefault(row[0], []).append((0.0, idx, row))
-    cases: dict[str, Case] = {}
-    for key, entries in seen.items():
-        if len(entries) == 1:
-            _, idx, (_, outcome, message, log, time, own, _) = entries[0]
-            cases[key] = Case(key, outcome, {**inputs[idx].common, **own} if inputs[idx].common else own,
-                              message, log, time, idx, [outcome])
-            continue
+            key = row[0]
+            if key in origin:
+                dups.setdefault(key, [origin[key]]).append((idx, row))
+                continue
+            origin[key] = (idx, row)
+            cases[key] = Case(key, row[1], row[5], read.common, row[6], row[2], row[3], row[4], idx)
+    for key, entries in dups.items():
         attempts: dict[int, list[tuple]] = {}
-        for _, idx, row in entries:
+        for idx, row in entries:
             attempts.setdefault(idx, []).append(row)
-        ordered = sorted(attempts.items(), key=lambda a: (_timestamp(a[1][0][6]), a[0]))
-        outcomes = []
-        for idx, rows in ordered:
-            worst = max(rows, key=lambda r: _RANK[r[1]])
-            outcomes.append(worst[1])
+        ordered = sorted(attempts.items(), key=lambda a: (_timestamp(a[1][0][7]), a[0]))
+        outcomes = [max(rows, key=lambda r: _RANK[r[1]])[1] for _, rows in ordered]
         idx, rows = ordered[-1]
         worst = max(rows, key=lambda r: _RANK[r[1]])
-        message = "\n".join(r[2] for r in rows if r[2])
-        log = _tail(*(r[3] for r in rows))
-        cases[key] = Case(key, worst[1], {**inputs[idx].common, **worst[5]}, message, log,
-                          sum(r[4] for r in rows), idx, outcomes)
+        case = Case(key, worst[1], worst[5], inputs[idx].common, worst[6], "\n".join(r[2] for r in rows if r[2]),
+                    _tail(*(r[3] for r in rows)), sum(r[4] for r in rows), idx,
+                    tuple(outcomes) if len(outcomes) > 1 else ())
         if any(o in RED for o in outcomes) and any(o in PASS for o in outcomes):
-            cases[key].tags.add("flaky")
+            case.tag("flaky")
+        cases[key] = case
     return inputs, bad, cases
-
-
-def _axes(case: Case) -> tuple[str, str, str, str, str]:
-    """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
-    p = case.props
-    name = case.key.rpartition("::")[2]
-    func, _, param = name.partition("[")
-    m = _CELL.match(p.get("cell") or param.rstrip("]"))
-    parsed = m.groupdict() if m else {}
-    check = p.get("check") or func.removeprefix("test_")
-    return (p.get("checkpoint") or parsed.get("checkpoint", "(none)"), p.get("arch") or parsed.get("arch", "(none)"),
-            p.get("mode") or parsed.get("mode", "(none)"), check, p.get("scheme", ""))
 
 
 # -------------------------------------------------------------------------------------- previous night
@@ -369,10 +367,24 @@ def _axes(case: Case) -> tuple[str, str, str, str, str]:
 
 @dataclasses.dataclass
 class Previous:
+    """Last night's summary.json; full properties are rebuilt only for the cases carried over as missing."""
+
     night: str
     date: str
     nights: list[dict[str, str]]
-    cases: dict[str, dict[str, Any]]  # key -> {"outcome", "vllm", "props", "history"}
+    inputs: list[dict[str, Any]]
+    cases: dict[str, dict[str, Any]]
+
+    def prop(self, case: Mapping[str, Any], name: str) -> str | None:
+        value = case["properties"].get(name)
+        if value is None and case.get("file") is not None:
+            inp = self.inputs[case["file"]]
+            value = inp["common"].get(name, inp["properties"].get(name))
+        return value
+
+    def props(self, case: Mapping[str, Any]) -> dict[str, str]:
+        f = case.get("file")
+        return {**self.inputs[f]["common"], **case["properties"]} if f is not None else dict(case["properties"])
 
 
 def load_previous(path: str | Path) -> Previous:
@@ -388,20 +400,19 @@ def load_previous(path: str | Path) -> Previous:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ReportError(f"{path}: not a quantmatrix summary of schema {SCHEMA} (schema: {got!r})")
     try:
-        inputs = data["inputs"]
-        cases = {}
-        for key, c in data["cases"].items():
-            props = c.get("properties", {})
+        prev = Previous(str(data["night"]), str(data["date"]), list(data["nights"]), list(data["inputs"]),
+                        dict(data["cases"]))
+        for inp in prev.inputs:
+            dict(inp["common"]), dict(inp["properties"])
+        for key, c in prev.cases.items():
+            if c["outcome"] not in OUTCOMES or not isinstance(c["properties"], dict) or \
+                    not isinstance(c.get("history", []), list):
+                raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties/history")
             if c.get("file") is not None:
-                inp = inputs[c["file"]]
-                props = {**inp["common"], **props}
-                vllm = props.get("vllm_version", inp["properties"].get("vllm_version"))
-            else:
-                vllm = props.get("vllm_version")
-            cases[key] = {"outcome": c["outcome"], "vllm": vllm, "props": props, "history": c.get("history", [])}
-        return Previous(data["night"], data["date"], data["nights"], cases)
-    except (KeyError, IndexError, TypeError, AttributeError) as e:
+                prev.inputs[c["file"]]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"{path}: previous summary is malformed ({type(e).__name__}: {e})") from None
+    return prev
 
 
 def _alternates(outcomes: Iterable[str | None]) -> bool:
@@ -417,44 +428,46 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
     bisect: dict[str, dict[str, Any]] = {}
     pcases = prev.cases if prev else {}
     nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
-    for key, p in pcases.items():
+    for key, pc in pcases.items():
         if key in cases:
             continue
-        hist = ([[p["outcome"], p["vllm"]]] + p["history"])[:history]
-        if any(h and h[0] in RAN | {"skipped"} for h in hist):
-            last = next(nights[i]["night"] for i, h in enumerate(hist) if h and h[0] != "missing")
-            cases[key] = Case(key, "missing", p["props"], f"no result tonight (last result: {last})")
+        hist = [[pc["outcome"], prev.prop(pc, "vllm_version")]] + pc.get("history", [])[: history - 1]
+        seen = next((i for i, h in enumerate(hist) if h and h[0] != "missing"), None)
+        if seen is not None:  # a case without a result in any night kept is dropped
+            props = prev.props(pc)
+            cases[key] = Case(key, "missing", props, {}, _axes(key, props),
+                              f"no result tonight (last result: {nights[seen]['night']})")
     for key, c in cases.items():
-        p = pcases.get(key)
-        if p is not None:
-            c.history = ([[p["outcome"], p["vllm"]]] + p["history"])[:history]
-        before = p["outcome"] if p else None
+        pc = pcases.get(key)
+        before = None
+        if pc is not None:
+            before = pc["outcome"]
+            c.history = [[before, prev.prop(pc, "vllm_version")]] + pc.get("history", [])[: history - 1]
         now = c.outcome
         if now in RED:
             if before in RED:
-                c.tags.add("still_failing")
+                c.tag("still_failing")
             else:
-                c.tags.add("new_failure")
-                last = next((i for i, h in enumerate(c.history) if h and h[0] in PASS), None)
+                c.tag("new_failure")
                 if prev is not None:  # the first night has nothing to bisect against
+                    last = next((i for i, h in enumerate(c.history) if h and h[0] in PASS), None)
                     bisect[key] = {"last_passed_night": nights[last]["night"] if last is not None else None,
                                    "last_passed_vllm": c.history[last][1] if last is not None else None}
         elif now in PASS and before in RED:
-            c.tags.add("fixed")
+            c.tag("fixed")
         elif now == "skipped" and before in RAN:
-            c.tags.add("newly_skipped")
+            c.tag("newly_skipped")
         elif now == "missing":
-            c.tags.add("still_missing" if before == "missing" else "newly_missing")
-        if _alternates([now] + [h[0] if h else None for h in c.history]):
-            c.tags.add("flaky")
+            c.tag("still_missing" if before == "missing" else "newly_missing")
+        if len(c.history) >= 2 and _alternates([now] + [h[0] for h in c.history if h]):
+            c.tag("flaky")
         for tag in c.tags:
-            d[{"new_failure": "new_failures"}.get(tag, tag)].append(key)
+            d["new_failures" if tag == "new_failure" else tag].append(key)
     for v in d.values():
         v.sort()
     d["bisect"] = bisect
-    had = {c["props"].get("arch") for c in pcases.values() if c["outcome"] != "missing"}
     have = {c.arch for c in cases.values() if c.outcome != "missing"}
-    d["archs_lost"] = sorted(a for a in had - have if a)
+    d["archs_lost"] = sorted({c.arch for c in cases.values() if c.outcome == "missing"} - have, key=natural)
     d["nights"] = nights
     return d
 
@@ -462,24 +475,24 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
 # ------------------------------------------------------------------------------- cross-arch agreement
 
 
-def _tokens(raw: str) -> list[list[int]] | str:
+def _tokens(raw: str) -> list[list[int]] | None:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
-        return raw
+        return None
     ok = isinstance(value, list) and all(isinstance(s, list) and all(type(t) is int for t in s) for s in value)
-    return value if ok else raw
+    return value if ok else None
 
 
-def _divergence(a: list[list[int]] | str, b: list[list[int]] | str) -> str:
-    if isinstance(a, str) or isinstance(b, str):
+def _divergence(a: list[list[int]] | None, b: list[list[int]] | None) -> str:
+    if a is None or b is None:
         return "greedy_token_ids is not a JSON list of lists of ints"
     if len(a) != len(b):
         return f"{len(b)} prompts vs {len(a)}"
     for i, (sa, sb) in enumerate(zip(a, b)):
-        for j, (ta, tb) in enumerate(zip(sa, sb)):
-            if ta != tb:
-                return f"prompt {i} diverges at token {j}: {tb} vs {ta}"
+        j = next((j for j, (ta, tb) in enumerate(zip(sa, sb)) if ta != tb), None)
+        if j is not None:
+            return f"prompt {i} diverges at token {j}: {sb[j]} vs {sa[j]}"
         if len(sa) != len(sb):
             return f"prompt {i}: {len(sb)} tokens vs {len(sa)}"
     return "outputs differ"
@@ -489,29 +502,27 @@ def _agreement(cases: Iterable[Case]) -> list[dict[str, Any]]:
     """Same checkpoint, mode and check on different archs must produce the same greedy tokens."""
     groups: dict[tuple[str, str, str], list[Case]] = {}
     for c in cases:
-        if "greedy_token_ids" in c.props and c.outcome != "missing":
+        if c.outcome != "missing" and c.prop("greedy_token_ids") is not None:
             groups.setdefault((c.checkpoint, c.mode, c.check), []).append(c)
     out = []
     for (checkpoint, mode, check), members in sorted(groups.items()):
-        by_output: dict[str, list[Case]] = {}
+        if len({c.prop("greedy_token_ids") for c in members}) < 2:
+            continue  # identical text: the common case, decided without parsing
+        by_output: dict[str, tuple[list[list[int]] | None, list[Case]]] = {}
         for c in sorted(members, key=lambda c: natural(c.arch)):
-            tokens = _tokens(c.props["greedy_token_ids"])
-            by_output.setdefault(json.dumps(tokens), []).append(c)
+            tokens = _tokens(c.prop("greedy_token_ids") or "")
+            by_output.setdefault(json.dumps(tokens) if tokens is not None else f"bad:{c.key}", (tokens, []))[1].append(c)
         if len(by_output) < 2:
             continue
-        ref_key, ref = max(by_output.items(), key=lambda kv: len(kv[1]))
-        ref_tokens = _tokens(ref[0].props["greedy_token_ids"])
+        ref_key, (ref_tokens, ref) = max(by_output.items(), key=lambda kv: len(kv[1][1]))
         differs = []
-        for k, group in by_output.items():
-            if k == ref_key:
-                continue
-            for c in group:
-                c.tags.add("disagree")
-                differs.append({"arch": c.arch, "device": c.props.get("device_name", ""), "case": c.key,
-                                "detail": _divergence(ref_tokens, _tokens(c.props["greedy_token_ids"]))})
-        out.append({"checkpoint": checkpoint, "mode": mode, "check": check,
-                    "reference": [{"arch": c.arch, "device": c.props.get("device_name", ""), "case": c.key}
-                                  for c in ref], "differs": differs})
+        for k, (tokens, group) in by_output.items():
+            for c in group if k != ref_key else ():
+                c.tag("disagree")
+                differs.append({"arch": c.arch, "device": c.prop("device_name", ""), "case": c.key,
+                                "detail": _divergence(ref_tokens, tokens)})
+        out.append({"checkpoint": checkpoint, "mode": mode, "check": check, "differs": differs,
+                    "reference": [{"arch": c.arch, "device": c.prop("device_name", ""), "case": c.key} for c in ref]})
     return out
 
 
@@ -522,8 +533,8 @@ def _who(entry: Mapping[str, str]) -> str:
 def describe_disagreement(d: Mapping[str, Any]) -> str:
     """One line a maintainer can read: 'sm121 (NVIDIA GB10) differs from sm120 (RTX PRO 6000): ...'."""
     ref = ", ".join(_who(r) for r in d["reference"])
-    head = f"{d['checkpoint']} / {d['mode']} / {d['check']}: "
-    return head + "; ".join(f"{_who(x)} differs from {ref}: {x['detail']}" for x in d["differs"])
+    return f"{d['checkpoint']} / {d['mode']} / {d['check']}: " + "; ".join(
+        f"{_who(x)} differs from {ref}: {x['detail']}" for x in d["differs"])
 
 
 # --------------------------------------------------------------------------------------------- build
@@ -531,42 +542,32 @@ def describe_disagreement(d: Mapping[str, Any]) -> str:
 
 def build(paths: list[str], previous: Previous | None, *, night: str, date: datetime.date, history: int = 7,
           jobs: int = 1, bad: list[dict[str, str]] | None = None) -> Report:
-    """Merge `paths`, diff against `previous` and compare archs; the whole model, nothing written yet."""
+    """Merge `paths`, diff against `previous` and compare archs: the whole model, nothing written yet."""
     if previous is not None and previous.night == night:
         raise ReportError(f"the previous summary is for night {night!r} too; pass last night's summary.json "
                           "or name this run with --night")
-    reads = _read_many(paths, date, jobs)
-    inputs, bad_files, cases = _fold(reads)
-    for c in cases.values():
-        c.axes = _axes(c)
+    inputs, bad_files, cases = _fold(_read_many(paths, date, jobs))
     diff = _diff(cases, previous, history)
-    for c in cases.values():
-        if c.outcome == "missing":
-            c.axes = _axes(c)
     disagreements = _agreement(cases.values())
     return Report(night, date.isoformat(), previous.night if previous else None, history, diff.pop("nights"),
                   inputs, (bad or []) + bad_files, cases, diff, disagreements)
 
 
 def summary(report: Report) -> dict[str, Any]:
-    """summary.json: versioned, and enough history in it for tomorrow's diff to need nothing else."""
+    """summary.json: versioned, with enough history that tomorrow's diff needs nothing else."""
     cases: dict[str, Any] = {}
     for key in sorted(report.cases):
         c = report.cases[key]
-        entry: dict[str, Any] = {"outcome": c.outcome}
+        entry: dict[str, Any] = {"outcome": c.outcome, "properties": c.own}
         if c.file is not None:
-            common = report.inputs[c.file].common
             entry["file"] = c.file
-            entry["properties"] = {k: v for k, v in c.props.items() if k not in common} if common else c.props
-        else:
-            entry["properties"] = c.props
         if c.message:
             entry["message"] = c.message
         if c.log_tail:
             entry["log_tail"] = c.log_tail
         if c.time:
             entry["time"] = c.time
-        if len(c.attempts) > 1:
+        if c.attempts:
             entry["attempts"] = c.attempts
         if c.history:
             entry["history"] = c.history
@@ -631,13 +632,15 @@ def stamp_testsuite_properties(xml_path: Path, props: Mapping[str, str]) -> None
 
 
 def write(report: Report, out: Path) -> dict[str, Path]:
-    from quantmatrix import report_html, report_md
+    """Write the three outputs, each atomically."""
+    from quantmatrix import report_html, report_md  # they import this module's model
 
     out.mkdir(parents=True, exist_ok=True)
+    g = grid(report)
     paths = {"summary": out / "summary.json", "matrix": out / "matrix.md", "html": out / "index.html"}
-    write_atomic(paths["summary"], json.dumps(summary(report), separators=(",", ":")))
-    write_atomic(paths["matrix"], report_md.render(report))
-    write_atomic(paths["html"], report_html.render(report))
+    write_atomic(paths["summary"], json.dumps(summary(report), separators=(",", ":"), ensure_ascii=False))
+    write_atomic(paths["matrix"], report_md.render(report, g))
+    write_atomic(paths["html"], report_html.render(report, g))
     return paths
 
 
@@ -660,9 +663,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """0: nothing new broke and nothing stopped being tested; 1: it did; 2: the command was wrong."""
-    parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as e:
         return 0 if e.code == 0 else 2
     try:
@@ -677,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         report = build(files, previous, night=args.night or date.isoformat(), date=date,
                        history=args.history, jobs=max(1, args.jobs), bad=bad)
         paths = write(report, args.out)
-    except QuantmatrixError as e:
+    except (QuantmatrixError, OSError) as e:
         print(f"quantmatrix report: error: {e}", file=sys.stderr)
         return 2
     d = report.diff
@@ -687,4 +689,3 @@ def main(argv: list[str] | None = None) -> int:
           f"untested, {len(d['flaky'])} flaky, {len(report.disagreements)} cross-arch disagreements "
           f"-> {paths['html']}")
     return report.exit_code
-

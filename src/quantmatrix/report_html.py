@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quantmatrix.report import LOST, OUTCOMES, Report, describe_disagreement, grid
+from quantmatrix.report import LOST, OUTCOMES, Grid, Report, describe_disagreement
 
-FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "lost": 8, "flaky": 16, "disagree": 32}
+# Bits of a case's flags; the page's JS reads the same numbers. 8: coverage lost (any tag in LOST).
+FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "flaky": 16, "disagree": 32}
+LOST_BIT = 8
 
 
-def _data(report: Report) -> dict[str, Any]:
-    g = grid(report)
+def _data(report: Report, g: Grid) -> dict[str, Any]:
     row_of = {r: i for i, r in enumerate(g.rows)}
     col_of = {c: i for i, c in enumerate(g.cols)}
     checks = sorted({c.check for c in report.cases.values()})
@@ -28,10 +29,11 @@ def _data(report: Report) -> dict[str, Any]:
     for i, key in enumerate(sorted(report.cases)):
         c = report.cases[key]
         index[key] = i
-        flags = sum(bit for tag, bit in FLAGS.items() if tag in c.tags) | (8 if c.tags & LOST else 0)
-        cols["r"].append(row_of[c.checkpoint])
-        cols["k"].append(col_of[(c.arch, c.mode)])
-        cols["h"].append(check_of[c.check])
+        flags = (sum(FLAGS.get(t, 0) for t in c.tags) | (LOST_BIT if c.tags & LOST else 0)) if c.tags else 0
+        ck, arch, mode, check, _ = c.axes
+        cols["r"].append(row_of[ck])
+        cols["k"].append(col_of[(arch, mode)])
+        cols["h"].append(check_of[check])
         cols["o"].append(outcome_of[c.outcome])
         cols["f"].append(flags)
         if c.outcome == "passed" and not flags:
@@ -39,7 +41,7 @@ def _data(report: Report) -> dict[str, Any]:
         p = c.props
         det: dict[str, Any] = {"id": key, "msg": c.message, "log": c.log_tail,
                                "vllm": report.vllm_version(c) or "", "device": p.get("device_name", ""),
-                               "runner": p.get("runner", ""), "attempts": c.attempts if len(c.attempts) > 1 else []}
+                               "runner": p.get("runner", ""), "attempts": c.attempts}
         if "waiver_reason" in p:
             det["waiver"] = {"reason": p["waiver_reason"], "link": p.get("waiver_link", ""),
                              "expires": p.get("waiver_expires", "")}
@@ -68,9 +70,9 @@ def _data(report: Report) -> dict[str, Any]:
     }
 
 
-def render(report: Report) -> str:
+def render(report: Report, g: Grid) -> str:
     # "<" escaped so no message can close the <script> element the data lives in.
-    data = json.dumps(_data(report), separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
+    data = json.dumps(_data(report, g), separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
     title = f"quantmatrix nightly {report.night}".replace("&", "&amp;").replace("<", "&lt;")
     return (_PAGE.replace("@TITLE@", title).replace("@CSS@", _CSS).replace("@JS@", _JS)
             .replace("@DATA@", data))

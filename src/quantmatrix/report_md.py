@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from quantmatrix.report import LOST, Case, Report, cell_status, describe_disagreement, grid
+from quantmatrix.report import LOST, Case, Grid, Report, cell_status, describe_disagreement
 
 LIST_LIMIT = 50  # entries per section: the rest is in index.html and summary.json
 EMOJI = {"fail": "❌", "lost": "🕳️", "waived": "🟡", "pass": "✅", "skip": "⚪"}
@@ -30,10 +30,10 @@ def cell_text(cases: list[Case]) -> str:
     """'❌ 1 fail · 4 pass · 1 new': the status, then every non-zero count."""
     n = Counter(c.outcome for c in cases)
     parts = [f"{sum(n[o] for o in outs)} {label}" for label, outs in _COUNTS if any(n[o] for o in outs)]
-    new = sum("new_failure" in c.tags for c in cases)
-    if new:
-        parts.append(f"{new} new")
-    if any("disagree" in c.tags for c in cases):
+    tags = Counter(t for c in cases if c.tags for t in c.tags)
+    if tags["new_failure"]:
+        parts.append(f"{tags['new_failure']} new")
+    if tags["disagree"]:
         parts.append("≠ archs")
     return f"{EMOJI[cell_status(cases)]} " + " · ".join(parts)
 
@@ -68,12 +68,11 @@ def _case_line(report: Report, c: Case) -> str:
     if c.tags & LOST and c.outcome != "missing":
         line += " — newly skipped (coverage lost)"
     if "flaky" in c.tags:
-        line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if len(c.attempts) > 1 else "")
+        line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if c.attempts else "")
     return line
 
 
-def render(report: Report) -> str:
-    g = grid(report)
+def render(report: Report, g: Grid) -> str:
     d = report.diff
     totals = report.totals()
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
@@ -110,7 +109,7 @@ def render(report: Report) -> str:
     body += _section("Flaky", (_case_line(report, cases[k]) for k in d["flaky"]), len(d["flaky"]))
     body += _section("Cross-arch disagreements", (_text(describe_disagreement(x), 400)
                                                   for x in report.disagreements), len(report.disagreements))
-    waived = [c for c in (cases[k] for k in sorted(cases)) if "waiver_reason" in c.props]
+    waived = [c for c in (cases[k] for k in sorted(cases)) if c.prop("waiver_reason") is not None]
     body += _section("Waivers", (_waiver_line(c) for c in waived), len(waived))
     body += _section("Bad input files (skipped)", (f"{_code(b['path'])}: {_text(b['problem'])}"
                                                    for b in report.bad_inputs), len(report.bad_inputs))
