@@ -95,6 +95,7 @@ class Input:
 
     path: str
     cases: int
+    archs: list[str]
     properties: dict[str, str]
     common: dict[str, str]
 
@@ -337,7 +338,8 @@ def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], di
             bad.append({"path": read.path, "problem": read.problem})
             continue
         idx = len(inputs)
-        inputs.append(Input(read.path, len(read.rows), read.properties, read.common))
+        archs = sorted({row[6][1] for row in read.rows}, key=natural)
+        inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common))
         for row in read.rows:
             key = row[0]
             if key in origin:
@@ -431,8 +433,8 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
     for key, pc in pcases.items():
         if key in cases:
             continue
-        hist = [[pc["outcome"], prev.prop(pc, "vllm_version")]] + pc.get("history", [])[: history - 1]
-        seen = next((i for i, h in enumerate(hist) if h and h[0] != "missing"), None)
+        hist = [pc["outcome"]] + [h[0] if h else None for h in pc.get("history", [])[: history - 1]]
+        seen = next((i for i, h in enumerate(hist) if h not in (None, "missing")), None)
         if seen is not None:  # a case without a result in any night kept is dropped
             props = prev.props(pc)
             cases[key] = Case(key, "missing", props, {}, _axes(key, props),
@@ -442,7 +444,8 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
         before = None
         if pc is not None:
             before = pc["outcome"]
-            c.history = [[before, prev.prop(pc, "vllm_version")]] + pc.get("history", [])[: history - 1]
+            vllm = prev.prop(pc, "vllm_version") if before != "missing" else None
+            c.history = [[before, vllm]] + pc.get("history", [])[: history - 1]
         now = c.outcome
         if now in RED:
             if before in RED:

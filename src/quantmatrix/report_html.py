@@ -65,8 +65,8 @@ def _data(report: Report, g: Grid) -> dict[str, Any]:
         "disagreements": [{"text": describe_disagreement(x), "cases": [index[y["case"]] for y in x["differs"]]}
                           for x in report.disagreements],
         "bad": report.bad_inputs,
-        "runs": [{"path": i.path, "cases": i.cases, **{k: {**i.common, **i.properties}.get(k, "") for k in
-                  ("runner", "arch", "device_name", "vllm_version", "torch_version")}} for i in report.inputs],
+        "runs": [{"path": i.path, "cases": i.cases, "arch": ", ".join(i.archs), **{k: {**i.common, **i.properties}.get(
+            k, "") for k in ("runner", "device_name", "vllm_version", "torch_version")}} for i in report.inputs],
     }
 
 

@@ -117,7 +117,7 @@ def render(report: Report, g: Grid) -> str:
     for inp in report.inputs[:LIST_LIMIT]:
         p = {**inp.common, **inp.properties}
         runs.append("| " + " | ".join(_text(x) for x in (
-            inp.path, p.get("runner", ""), p.get("arch", p.get("host_arch", "")), p.get("device_name", ""),
+            inp.path, p.get("runner", ""), ", ".join(inp.archs), p.get("device_name", ""),
             p.get("vllm_version", ""), p.get("torch_version", ""))) + f" | {inp.cases} |")
     if len(report.inputs) > LIST_LIMIT:
         runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
