@@ -122,10 +122,11 @@ class SuiteRunner:
     def run(self, name: str, cells: Iterable[str], *, checks: Sequence[str] = ("config_dispatch",),
             outcomes: Mapping[str, str] | None = None, tokens: Mapping[str, list[list[int]]] | None = None,
             vllm: str = "0.11.1", runner: str = "runner-a", xdist: bool = False, args: Sequence[str] = (),
-            family: str = "xunit1", extra_test: str = "") -> pytest.RunResult:
+            family: str = "xunit1", extra_test: str = "", schemes: Mapping[str, str] | None = None
+            ) -> pytest.RunResult:
         """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error."""
         spec = {"cells": list(cells), "outcomes": dict(outcomes or {}), "tokens": dict(tokens or {}),
-                "schemes": {}, "devices": DEVICES,
+                "schemes": dict(schemes or {}), "devices": DEVICES,
                 "host": {"vllm_version": vllm, "torch_version": "2.9.1", "runner": runner, "host_arch": "x86_64",
                          "device_name": "cpu", "matrix": "matrix.yaml", "run_id": name}}
         (self.pytester.path / "spec.json").write_text(json.dumps(spec))

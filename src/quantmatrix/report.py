@@ -37,6 +37,7 @@ LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
 # junitparser parses with lxml when it is installed, else with the standard library.
 _PARSE_ERRORS = (_jp.etree.ParseError, ET.ParseError)
 _CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)\Z")
+NONE = "(none)"  # the axis value of a case that names no cell; sorted last
 _RANK = {"error": 6, "failed": 5, "waived": 4, "xpassed": 3, "skipped": 2, "passed": 1}
 
 Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme
@@ -149,8 +150,8 @@ def grid(report: Report) -> Grid:
         cells.setdefault(c.axes[:3], []).append(c)
         if c.axes[4]:
             schemes.setdefault(c.axes[0], c.axes[4])
-    rows = sorted({k[0] for k in cells}, key=natural)
-    cols = sorted({k[1:] for k in cells}, key=lambda am: (natural(am[0]), am[1] != "default", am[1]))
+    rows = sorted({k[0] for k in cells}, key=lambda r: (r == NONE, natural(r)))
+    cols = sorted({k[1:] for k in cells}, key=lambda am: (am[0] == NONE, natural(am[0]), am[1] != "default", am[1]))
     return Grid(rows, schemes, cols, cells)
 
 
@@ -231,8 +232,8 @@ def _axes(key: str, props: Mapping[str, str]) -> Axes:
     if not (ck and arch and mode):
         m = _CELL.match(props.get("cell") or param.rstrip("]"))
         parsed = m.groupdict() if m else {}
-        ck, arch, mode = (ck or parsed.get("checkpoint", "(none)"), arch or parsed.get("arch", "(none)"),
-                          mode or parsed.get("mode", "(none)"))
+        ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
+                          mode or parsed.get("mode", NONE))
     return ck, arch, mode, check, props.get("scheme", "")
 
 
