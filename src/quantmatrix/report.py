@@ -9,6 +9,7 @@ tells a nightly job whether anything broke or stopped being tested.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -16,7 +17,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ class Case:
     # Immutable defaults: most of 100k cases never get attempts, history or tags, and allocating empty
     # containers for each of them is a measurable part of the 5 s budget.
     attempts: tuple[str, ...] = ()
-    history: list[list[str | None] | None] | tuple[()] = ()
+    history: str = ""  # see history_entries()
     tags: frozenset[str] = frozenset()
 
     def tag(self, name: str) -> None:
@@ -259,43 +260,52 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
         out.properties.update((p.name, p.value) for p in suite.properties())
         stamp = suite.timestamp or ""
         for case in suite:
-            # junitparser 5 has no per-case properties API, and wrapping each <property> in its objects
-            # costs ~7 s per 100k cases, so the <properties> element is read directly.
+            # junitparser 5 has no per-case properties API, and wrapping each <property> (or attribute)
+            # in its objects costs seconds per 100k cases, so the case's element is read directly.
+            elem = case._elem
             props: dict[str, str] = {}
             has_result = False
-            for child in case._elem:
+            for child in elem:
                 if child.tag == "properties":
                     for p in child:
                         props[p.get("name", "")] = p.get("value", "")
                 elif child.tag in ("failure", "error", "skipped"):
                     has_result = True
-            key = f"{case.classname or ''}::{case.name or ''}"
+            key = f"{elem.get('classname', '')}::{elem.get('name', '')}"
             if has_result or "waiver_reason" in props:
                 outcome, message, log = _outcome(case, props, today)
             else:
                 outcome, message, log = "passed", "", ""
-            out.rows.append((key, outcome, message, log, case.time or 0.0, props, _axes(key, props), stamp))
+            try:
+                seconds = float(elem.get("time") or 0)
+            except ValueError:
+                seconds = 0.0
+            out.rows.append((key, outcome, message, log, seconds, props, _axes(key, props), stamp))
             per_case.append(props)
     if per_case:
-        common = dict(per_case[0])
-        for props in per_case[1:]:
-            for k in [k for k, v in common.items() if props.get(k) != v]:
-                del common[k]
-        out.common = common
-        if common:
-            for props in per_case:
-                for k in common:
-                    del props[k]
+        shared = per_case[0].items() & per_case[-1].items()
+        for props in per_case:
+            shared &= props.items()
+        out.common = dict(shared)
+        for props in per_case if shared else ():
+            for k in out.common:
+                del props[k]
     return out
 
 
-def _read_many(paths: list[str], today: datetime.date | None, jobs: int) -> list[_FileRead]:
-    """Parse files in worker processes once there are enough of them to pay for starting the workers."""
+@contextlib.contextmanager
+def _reading(paths: list[str], today: datetime.date | None, jobs: int) -> Iterator[Iterable[_FileRead]]:
+    """The files, read in order. With several jobs (and enough files to pay for starting them) worker
+    processes are already parsing when this yields, so the caller's own work overlaps theirs."""
     jobs = min(jobs, len(paths) // 16)
     if jobs <= 1:
-        return [_read(p, today) for p in paths]
-    with ProcessPoolExecutor(jobs) as pool:
-        return list(pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8))))
+        yield (_read(p, today) for p in paths)
+        return
+    pool = ProcessPoolExecutor(jobs)
+    try:
+        yield pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8)))
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
@@ -323,7 +333,7 @@ def _timestamp(stamp: str) -> float:
         return 0.0
 
 
-def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], dict[str, Case]]:
+def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]], dict[str, Case]]:
     """Merge the files; a case seen more than once is folded, its latest attempt deciding the outcome.
 
     Two entries for one case in one file are one attempt (pytest writes a call failure and a teardown
@@ -332,7 +342,7 @@ def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], di
     inputs: list[Input] = []
     bad: list[dict[str, str]] = []
     cases: dict[str, Case] = {}
-    origin: dict[str, tuple[int, tuple]] = {}
+    first: dict[str, tuple] = {}
     dups: dict[str, list[tuple[int, tuple]]] = {}
     for read in reads:
         if read.problem:
@@ -341,13 +351,14 @@ def _fold(reads: list[_FileRead]) -> tuple[list[Input], list[dict[str, str]], di
         idx = len(inputs)
         archs = sorted({row[6][1] for row in read.rows}, key=natural)
         inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common))
+        common = read.common
         for row in read.rows:
             key = row[0]
-            if key in origin:
-                dups.setdefault(key, [origin[key]]).append((idx, row))
+            if key in first:
+                dups.setdefault(key, [(cases[key].file, first[key])]).append((idx, row))
                 continue
-            origin[key] = (idx, row)
-            cases[key] = Case(key, row[1], row[5], read.common, row[6], row[2], row[3], row[4], idx)
+            first[key] = row
+            cases[key] = Case(key, row[1], row[5], common, row[6], row[2], row[3], row[4], idx)
     for key, entries in dups.items():
         attempts: dict[int, list[tuple]] = {}
         for idx, row in entries:
@@ -409,7 +420,7 @@ def load_previous(path: str | Path) -> Previous:
             dict(inp["common"]), dict(inp["properties"])
         for key, c in prev.cases.items():
             if c["outcome"] not in OUTCOMES or not isinstance(c["properties"], dict) or \
-                    not isinstance(c.get("history", []), list):
+                    not isinstance(c.get("history", ""), str):
                 raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties/history")
             if c.get("file") is not None:
                 prev.inputs[c["file"]]
@@ -418,9 +429,24 @@ def load_previous(path: str | Path) -> Previous:
     return prev
 
 
-def _alternates(outcomes: Iterable[str | None]) -> bool:
+def history_entries(history: str) -> list[tuple[str, str | None]]:
+    """(outcome, vLLM version) per night, newest first, aligned with the summary's `nights`.
+
+    summary.json stores a case's history as one string, "passed@0.11.1 missing failed@0.11.0": a list of
+    pairs per case would be ~15 JSON values, and 100k cases x 7 nights of them dominate loading it.
+    """
+    out: list[tuple[str, str | None]] = []
+    for entry in history.split():
+        outcome, _, vllm = entry.partition("@")
+        out.append((outcome, vllm or None))
+    return out
+
+
+def _alternates(now: str, history: str) -> bool:
     """Flaky over nights: the pass/fail sequence (skips ignored) changes direction at least twice."""
-    seq = [o in PASS for o in outcomes if o in PASS or o in RED]
+    if not ((now in RED or "failed" in history or "error" in history) and (now in PASS or "passed" in history)):
+        return False  # never both red and green in the window: the common case, decided without parsing
+    seq = [o in PASS for o in [now] + [o for o, _ in history_entries(history)] if o in PASS or o in RED]
     return sum(a != b for a, b in zip(seq, seq[1:])) >= 2
 
 
@@ -434,8 +460,8 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
     for key, pc in pcases.items():
         if key in cases:
             continue
-        hist = [pc["outcome"]] + [h[0] if h else None for h in pc.get("history", [])[: history - 1]]
-        seen = next((i for i, h in enumerate(hist) if h not in (None, "missing")), None)
+        hist = [pc["outcome"]] + [o for o, _ in history_entries(pc.get("history", ""))][: history - 1]
+        seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
         if seen is not None:  # a case without a result in any night kept is dropped
             props = prev.props(pc)
             cases[key] = Case(key, "missing", props, {}, _axes(key, props),
@@ -446,7 +472,11 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
         if pc is not None:
             before = pc["outcome"]
             vllm = prev.prop(pc, "vllm_version") if before != "missing" else None
-            c.history = [[before, vllm]] + pc.get("history", [])[: history - 1]
+            older = pc.get("history", "")
+            c.history = f"{before}@{vllm} {older}" if vllm else f"{before} {older}"
+            if c.history.count(" ") >= history:  # keep `history` nights
+                c.history = c.history.rsplit(" ", c.history.count(" ") - history + 1)[0]
+            c.history = c.history.rstrip()
         now = c.outcome
         if now in RED:
             if before in RED:
@@ -454,16 +484,17 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
             else:
                 c.tag("new_failure")
                 if prev is not None:  # the first night has nothing to bisect against
-                    last = next((i for i, h in enumerate(c.history) if h and h[0] in PASS), None)
+                    entries = history_entries(c.history)
+                    last = next((i for i, (o, _) in enumerate(entries) if o in PASS), None)
                     bisect[key] = {"last_passed_night": nights[last]["night"] if last is not None else None,
-                                   "last_passed_vllm": c.history[last][1] if last is not None else None}
+                                   "last_passed_vllm": entries[last][1] if last is not None else None}
         elif now in PASS and before in RED:
             c.tag("fixed")
         elif now == "skipped" and before in RAN:
             c.tag("newly_skipped")
         elif now == "missing":
             c.tag("still_missing" if before == "missing" else "newly_missing")
-        if len(c.history) >= 2 and _alternates([now] + [h[0] for h in c.history if h]):
+        if c.history and _alternates(now, c.history):
             c.tag("flaky")
         for tag in c.tags:
             d["new_failures" if tag == "new_failure" else tag].append(key)
@@ -544,37 +575,39 @@ def describe_disagreement(d: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------- build
 
 
-def build(paths: list[str], previous: Previous | None, *, night: str, date: datetime.date, history: int = 7,
+def build(paths: list[str], previous: str | Path | None, *, night: str, date: datetime.date, history: int = 7,
           jobs: int = 1, bad: list[dict[str, str]] | None = None) -> Report:
-    """Merge `paths`, diff against `previous` and compare archs: the whole model, nothing written yet."""
-    if previous is not None and previous.night == night:
-        raise ReportError(f"the previous summary is for night {night!r} too; pass last night's summary.json "
-                          "or name this run with --night")
-    inputs, bad_files, cases = _fold(_read_many(paths, date, jobs))
-    diff = _diff(cases, previous, history)
+    """Merge `paths`, diff against the `previous` summary.json and compare archs; nothing written yet."""
+    with _reading(paths, date, jobs) as reads:
+        prev = load_previous(previous) if previous is not None else None  # while the workers parse
+        if prev is not None and prev.night == night:
+            raise ReportError(f"the previous summary is for night {night!r} too; pass last night's "
+                              "summary.json or name this run with --night")
+        inputs, bad_files, cases = _fold(reads)
+    diff = _diff(cases, prev, history)
+    cases = dict(sorted(cases.items()))  # every output lists cases in this order
     disagreements = _agreement(cases.values())
-    return Report(night, date.isoformat(), previous.night if previous else None, history, diff.pop("nights"),
-                  inputs, (bad or []) + bad_files, cases, diff, disagreements)
+    return Report(night, date.isoformat(), prev.night if prev else None, history, diff.pop("nights"), inputs,
+                  (bad or []) + bad_files, cases, diff, disagreements)
 
 
 def summary(report: Report) -> dict[str, Any]:
     """summary.json: versioned, with enough history that tomorrow's diff needs nothing else."""
     cases: dict[str, Any] = {}
-    for key in sorted(report.cases):
-        c = report.cases[key]
+    for key, c in report.cases.items():
         entry: dict[str, Any] = {"outcome": c.outcome, "properties": c.own}
         if c.file is not None:
             entry["file"] = c.file
+        if c.time:
+            entry["time"] = c.time
+        if c.history:
+            entry["history"] = c.history
         if c.message:
             entry["message"] = c.message
         if c.log_tail:
             entry["log_tail"] = c.log_tail
-        if c.time:
-            entry["time"] = c.time
         if c.attempts:
             entry["attempts"] = c.attempts
-        if c.history:
-            entry["history"] = c.history
         cases[key] = entry
     return {
         "schema": SCHEMA, "generated_by": "quantmatrix report", "night": report.night, "date": report.date,
@@ -678,9 +711,8 @@ def main(argv: list[str] | None = None) -> int:
             date = datetime.date.fromisoformat(args.date) if args.date else datetime.date.today()
         except ValueError:
             raise ReportError(f"--date: expected YYYY-MM-DD, got {args.date!r}") from None
-        previous = load_previous(args.previous) if args.previous else None
         files, bad = find_inputs(args.inputs)
-        report = build(files, previous, night=args.night or date.isoformat(), date=date,
+        report = build(files, args.previous, night=args.night or date.isoformat(), date=date,
                        history=args.history, jobs=max(1, args.jobs), bad=bad)
         paths = write(report, args.out)
     except (QuantmatrixError, OSError) as e:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quantmatrix.report import LOST, OUTCOMES, Grid, Report, describe_disagreement
+from quantmatrix.report import LOST, OUTCOMES, Grid, Report, describe_disagreement, history_entries
 
 # Bits of a case's flags; the page's JS reads the same numbers. 8: coverage lost (any tag in LOST).
 FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "flaky": 16, "disagree": 32}
@@ -26,8 +26,7 @@ def _data(report: Report, g: Grid) -> dict[str, Any]:
     details: dict[int, dict[str, Any]] = {}
     index: dict[str, int] = {}
     bisect = report.diff["bisect"]
-    for i, key in enumerate(sorted(report.cases)):
-        c = report.cases[key]
+    for i, (key, c) in enumerate(report.cases.items()):
         index[key] = i
         flags = (sum(FLAGS.get(t, 0) for t in c.tags) | (LOST_BIT if c.tags & LOST else 0)) if c.tags else 0
         ck, arch, mode, check, _ = c.axes
@@ -48,8 +47,8 @@ def _data(report: Report, g: Grid) -> dict[str, Any]:
         if key in bisect:
             det["bisect"] = bisect[key]
         if c.history:
-            det["history"] = [[report.nights[j]["night"], h[0] if h else "absent", (h[1] or "") if h else ""]
-                              for j, h in enumerate(c.history)]
+            det["history"] = [[report.nights[j]["night"], o, v or ""] for j, (o, v) in
+                              enumerate(history_entries(c.history))]
         details[i] = det
     d = report.diff
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))

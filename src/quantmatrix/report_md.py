@@ -109,7 +109,7 @@ def render(report: Report, g: Grid) -> str:
     body += _section("Flaky", (_case_line(report, cases[k]) for k in d["flaky"]), len(d["flaky"]))
     body += _section("Cross-arch disagreements", (_text(describe_disagreement(x), 400)
                                                   for x in report.disagreements), len(report.disagreements))
-    waived = [c for c in (cases[k] for k in sorted(cases)) if c.prop("waiver_reason") is not None]
+    waived = [c for c in cases.values() if c.prop("waiver_reason") is not None]
     body += _section("Waivers", (_waiver_line(c) for c in waived), len(waived))
     body += _section("Bad input files (skipped)", (f"{_code(b['path'])}: {_text(b['problem'])}"
                                                    for b in report.bad_inputs), len(report.bad_inputs))
