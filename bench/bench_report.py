@@ -20,10 +20,13 @@ from xml.sax.saxutils import escape, quoteattr
 from quantmatrix.report import main
 
 ARCHS = (("sm90", "NVIDIA H100 80GB HBM3", "9.0"), ("sm100", "NVIDIA B200", "10.0"),
-         ("sm120", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0"), ("sm121", "NVIDIA GB10", "12.1"))
+         ("sm120", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "12.0"),
+         ("sm121", "NVIDIA GB10", "12.1"))
+LOG = "engine: step ok\n" * 80
 MODES = ("default", "eager", "nocache", "poison_zero", "cudagraph_off")
 SCHEMES = (("nvfp4_weight_only", "modelopt"), ("nvfp4_w4a4", "compressed-tensors"), ("bf16", "none"))
-TRACEBACK = "".join(f'  File "suites/test_e2e.py", line {i}, in helper\n    assert ok, detail\n' for i in range(20))
+TRACEBACK = "".join(f'  File "suites/test_e2e.py", line {i}, in helper\n    assert ok, detail\n'
+                    for i in range(20))
 
 
 def _case(rnd: random.Random, checkpoint: str, scheme: str, producer: str, arch: tuple[str, str, str],
@@ -48,10 +51,11 @@ def _case(rnd: random.Random, checkpoint: str, scheme: str, producer: str, arch:
                      waiver_expires="2099-01-01", waiver_expired="false")
         body = '<skipped type="pytest.xfail" message="known FlashInfer MoE issue on this arch"/>'
     elif roll < 0.03:
-        body = (f'<failure message="AssertionError: max_abs_err {rnd.random():.4f} &gt; 0.01">{escape(TRACEBACK)}'
-                f'</failure><system-out>{escape("engine: step ok" + chr(10)) * 80}</system-out>')
+        body = (f'<failure message="AssertionError: max_abs_err {rnd.random():.4f} &gt; 0.01">'
+                f'{escape(TRACEBACK)}</failure><system-out>{LOG}</system-out>')
     elif roll < 0.06:
-        body = '<skipped type="pytest.skip" message="needs 2 GPUs">suites/test_x.py:10: needs 2 GPUs</skipped>'
+        body = ('<skipped type="pytest.skip" message="needs 2 GPUs">suites/test_x.py:10: needs 2 GPUs'
+                '</skipped>')
     p = "".join(f"<property name={quoteattr(k)} value={quoteattr(v)} />" for k, v in props.items())
     return (f'<testcase classname="suites.test_check{check:02d}" name="test_check{check:02d}[{cell}]" '
             f'file="suites/test_check{check:02d}.py" line="12" time="{rnd.random() * 3:.3f}">'
@@ -98,7 +102,7 @@ def main_bench() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--cases", type=int, default=100)
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs of the steady-state night (best is kept)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs of the steady-state night (best kept)")
     ap.add_argument("--budget", type=float, default=5.0, help="seconds allowed for one night (default 5)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="qm-bench-") as tmp:
@@ -112,8 +116,9 @@ def main_bench() -> int:
                          "--previous", str(t / "out1" / "summary.json")]) for _ in range(args.repeat)]
         sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.1f} MB" for p in sorted((t / "out2").iterdir()))
     best = min(steady)
-    print(f"{args.files} files x {args.cases} cases ({args.files * args.cases} cases, {size:.0f} MB of JUnit XML) "
-          f"merged and rendered: first night {first:.2f} s; a night with a 7-night --previous: best {best:.2f} s "
+    print(f"{args.files} files x {args.cases} cases ({args.files * args.cases} cases, {size:.0f} MB of JUnit "
+          f"XML) merged and rendered: first night {first:.2f} s; a night with a 7-night --previous: "
+          f"best {best:.2f} s "
           f"of {', '.join(f'{x:.2f}' for x in steady)} ({sizes})")
     print(f"{'OK' if best < args.budget else 'OVER BUDGET'}: {best:.2f} s vs {args.budget:.1f} s")
     return 0 if best < args.budget else 1

@@ -127,8 +127,8 @@ class SuiteRunner:
         """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error."""
         spec = {"cells": list(cells), "outcomes": dict(outcomes or {}), "tokens": dict(tokens or {}),
                 "schemes": dict(schemes or {}), "devices": DEVICES,
-                "host": {"vllm_version": vllm, "torch_version": "2.9.1", "runner": runner, "host_arch": "x86_64",
-                         "device_name": "cpu", "matrix": "matrix.yaml", "run_id": name}}
+                "host": {"vllm_version": vllm, "torch_version": "2.9.1", "runner": runner, "run_id": name,
+                         "host_arch": "x86_64", "device_name": "cpu", "matrix": "matrix.yaml"}}
         (self.pytester.path / "spec.json").write_text(json.dumps(spec))
         self.pytester.makeconftest(PLUGIN_STANDIN)
         self.pytester.makepyfile(test_suite=SUITE_HEAD + "".join(SUITE_CHECK.format(check=c) for c in checks)

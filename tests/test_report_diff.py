@@ -17,7 +17,7 @@ KEY_A, KEY_B = f"test_suite::test_config_dispatch[{A}]", f"test_suite::test_conf
 
 
 class Nights:
-    """Runs one night at a time: pytest writes the JUnit files, the report reads them and last night's summary."""
+    """One night at a time: pytest writes the JUnit files, the report reads them and last night's summary."""
 
     def __init__(self, suite: SuiteRunner, tmp: Path, history: int = 7) -> None:
         self.suite, self.tmp, self.history = suite, tmp, history
@@ -154,7 +154,8 @@ def test_waived_is_not_a_failure_but_an_expired_waiver_is(nights: Nights) -> Non
     assert "**expired**, counted as failed" in md
 
 
-def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteRunner, tmp_path: Path) -> None:
+def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteRunner,
+                                                             tmp_path: Path) -> None:
     """Greedy tokens of one checkpoint and mode are compared across archs: the odd one out is named with its
     device and the first diverging token ('GB10 differs from RTX PRO 6000'); other modes are not mixed in."""
     ck1, ck2 = "qwen3moe-tiny-nvfp4-weight-only", "mixtral-tiny-nvfp4-w4a4"
@@ -163,7 +164,8 @@ def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteR
               f"e2e_greedy[{ck1}@sm121-default]": bad, f"e2e_greedy[{ck1}@sm121-eager]": [[7]],
               f"e2e_greedy[{ck2}@sm120-default]": good, f"e2e_greedy[{ck2}@sm121-default]": [[1, 2, 3]]}
     cells = [k.split("[")[1].rstrip("]") for k in tokens]
-    _, s, md = Nights(junit_suite, tmp_path).run({"cells": cells, "checks": ("e2e_greedy",), "tokens": tokens})
+    night = {"cells": cells, "checks": ("e2e_greedy",), "tokens": tokens}
+    _, s, md = Nights(junit_suite, tmp_path).run(night)
     by_ck = {d["checkpoint"]: d for d in s["disagreements"]}
     assert sorted(by_ck) == [ck2, ck1]
     d = by_ck[ck1]
@@ -180,7 +182,8 @@ def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteR
 @pytest.mark.parametrize("edit, message", [
     (lambda s: s | {"night": "n2"}, "previous summary is for night 'n2' too"),
     (lambda s: s | {"schema": 2}, "not a quantmatrix summary of schema 1"),
-    (lambda s: s | {"cases": {"k": {"outcome": "exploded", "properties": {}}}}, "previous summary is malformed"),
+    (lambda s: s | {"cases": {"k": {"outcome": "exploded", "properties": {}}}},
+     "previous summary is malformed"),
     (lambda s: {k: v for k, v in s.items() if k != "inputs"}, "previous summary is malformed"),
 ])
 def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Path,
@@ -193,6 +196,7 @@ def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Pa
     nights.previous.write_text(json.dumps(edit(json.loads(nights.previous.read_text()))))
     capsys.readouterr()
     out = tmp_path / "refused"
-    assert main([str(nights.suite.last), "--out", str(out), "--night", "n2", "--previous", str(nights.previous)]) == 2
+    argv = [str(nights.suite.last), "--out", str(out), "--night", "n2", "--previous", str(nights.previous)]
+    assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()

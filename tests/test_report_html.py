@@ -1,4 +1,4 @@
-"""index.html opened in headless Chromium: the grid, the red-cell details and the filters really work offline."""
+"""index.html in headless Chromium: the grid, the red-cell details and the filters really work offline."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from conftest import SuiteRunner
 from quantmatrix.report import main
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CK1, CK2 = "qwen3moe-tiny-nvfp4-weight-only", "mixtral-tiny-nvfp4-w4a4"
 CELLS = [f"{ck}@{arch}-{mode}" for ck in (CK1, CK2) for arch in ("sm100", "sm120", "sm121")
          for mode in ("default", "eager")]
@@ -58,7 +58,8 @@ def browser() -> Iterator[object]:
 def page(browser, junit_suite: SuiteRunner, tmp_path: Path):
     """The report of one real night, opened from disk, with every request and page error recorded."""
     junit_suite.run("night", CELLS, checks=("config_dispatch", "weight_audit"), schemes={CK2: "nvfp4_w4a4"},
-                    outcomes={f"config_dispatch[{RED_CELL}]": "fail", f"weight_audit[{CK2}@sm120-default]": "waive"},
+                    outcomes={f"config_dispatch[{RED_CELL}]": "fail",
+                              f"weight_audit[{CK2}@sm120-default]": "waive"},
                     args=["-o", "junit_logging=system-out"], extra_test=NASTY)
     (tmp_path / "runs").mkdir()
     shutil.copy(junit_suite.last, tmp_path / "runs" / "sm121.xml")
@@ -84,7 +85,8 @@ def test_grid_shows_checkpoints_by_arch_and_mode_with_status(page) -> None:
     amber, the rest green; the banner says the night has a new failure."""
     assert page.locator("thead th.arch").all_inner_texts() == ["sm100", "sm120", "sm121", "(none)"]
     assert page.locator("thead th.mode").all_inner_texts() == ["default", "eager"] * 3 + ["(none)"]
-    assert page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.row)") == [CK2, CK1, "(none)"]
+    rows = page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.row)")
+    assert rows == [CK2, CK1, "(none)"]
     red = cell(page, CK1, "sm121", "eager")
     assert red.get_attribute("data-status") == "fail"
     assert red.inner_text() == "\u27171 \u27131 NEW"

@@ -1,4 +1,4 @@
-"""Merging real JUnit files: properties under xdist and xunit families, outcomes, reruns, bad input, writes."""
+"""Merging real JUnit files: properties under xdist and xunit families, outcomes, reruns, bad input."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ HOST_PROPS = {"vllm_version", "torch_version", "runner", "host_arch", "device_na
 def report_of(*paths: Path, **kw):
     import datetime
 
-    return build([str(p) for p in paths], None, night="n1", date=kw.pop("date", datetime.date(2026, 12, 2)), **kw)
+    date = kw.pop("date", datetime.date(2026, 12, 2))
+    return build([str(p) for p in paths], None, night="n1", date=date, **kw)
 
 
 @pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist-n2"])
-def test_case_and_suite_properties_survive_with_and_without_xdist(junit_suite: SuiteRunner, xdist: bool) -> None:
+def test_case_and_suite_properties_survive_with_and_without_xdist(junit_suite: SuiteRunner,
+                                                                   xdist: bool) -> None:
     """Per-case properties (item.user_properties + record_property) and stamped suite properties are in the
-    real file pytest writes under xunit1, both serially and with `-n 2`, and the cases really ran on workers."""
+    real file pytest writes under xunit1, serially and with `-n 2`, and the cases really ran on workers."""
     result = junit_suite.run("props", CELLS, checks=("config_dispatch", "weight_audit"), xdist=xdist)
     result.assert_outcomes(passed=8)
     report = report_of(junit_suite.last)
@@ -82,8 +84,8 @@ def test_outcomes_waivers_messages_and_log_tails(junit_suite: SuiteRunner) -> No
     plugin, or past its date) is a failure; a failure keeps its message and the tail of its log."""
     behaviours = ["pass", "fail", "error", "skip", "waive", "xpass", "expired", "stale"]
     cells = [f"ck{i}@sm121-default" for i in range(len(behaviours))]
-    junit_suite.run("outcomes", cells, outcomes={f"config_dispatch[{c}]": b for c, b in zip(cells, behaviours)},
-                    args=["-o", "junit_logging=system-out"])
+    outcomes = {f"config_dispatch[{c}]": b for c, b in zip(cells, behaviours, strict=True)}
+    junit_suite.run("outcomes", cells, outcomes=outcomes, args=["-o", "junit_logging=system-out"])
     report = report_of(junit_suite.last)
     got = {c.checkpoint: c for c in report.cases.values()}
     assert [got[f"ck{i}"].outcome for i in range(len(behaviours))] == [
@@ -147,7 +149,7 @@ def test_bad_files_are_named_and_skipped_and_the_rest_is_merged(junit_suite: Sui
     out = tmp_path / "out"
     # 0: without a previous night nothing is known to be lost (with one, the unreadable file's cases
     # would be missing, a coverage loss, and the exit code 1).
-    assert main([str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out), "--date", "2026-12-02"]) == 0
+    assert main([str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out)]) == 0
     data = json.loads((out / "summary.json").read_text())
     problems = {Path(b["path"]).name: b["problem"] for b in data["bad_inputs"]}
     assert problems["empty.xml"] == "empty file"
@@ -162,7 +164,8 @@ def test_bad_files_are_named_and_skipped_and_the_rest_is_merged(junit_suite: Sui
     assert "(5 bad)" in capsys.readouterr().out
 
 
-def test_outputs_are_replaced_atomically_with_normal_permissions(junit_suite: SuiteRunner, tmp_path: Path) -> None:
+def test_outputs_are_replaced_atomically_with_normal_permissions(junit_suite: SuiteRunner,
+                                                                  tmp_path: Path) -> None:
     """Each output is written to a temp file in the same dir and renamed over the old one (new inode, no
     temp left behind, no half file); permissions are what a plain write would give, not mkstemp's 0600."""
     junit_suite.run("n", CELLS)
@@ -228,7 +231,8 @@ def test_lint(cell):
     xml = pytester.path / "plain.xml"
     pytester.runpytest("-p", "no:quantmatrix", f"--junitxml={xml}", "-o", "junit_family=xunit1")
     axes = sorted(c.axes for c in report_of(xml).cases.values())
-    assert axes == [("(none)", "(none)", "(none)", "lint", ""), ("gpt-oss-tiny", "sm90", "poison_zero", "lint", "")]
+    assert axes == [("(none)", "(none)", "(none)", "lint", ""),
+                    ("gpt-oss-tiny", "sm90", "poison_zero", "lint", "")]
 
 
 @pytest.mark.parametrize("argv, message", [

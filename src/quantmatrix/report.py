@@ -93,7 +93,8 @@ class Case:
 
 @dataclasses.dataclass
 class Input:
-    """One merged JUnit file: its host-level (testsuite) properties and the case properties all its cases share."""
+    """One merged JUnit file: its host-level (testsuite) properties, and the case properties that all its
+    cases share."""
 
     path: str
     cases: int
@@ -152,7 +153,8 @@ def grid(report: Report) -> Grid:
         if c.axes[4]:
             schemes.setdefault(c.axes[0], c.axes[4])
     rows = sorted({k[0] for k in cells}, key=lambda r: (r == NONE, natural(r)))
-    cols = sorted({k[1:] for k in cells}, key=lambda am: (am[0] == NONE, natural(am[0]), am[1] != "default", am[1]))
+    cols = sorted({k[1:] for k in cells},
+                  key=lambda am: (am[0] == NONE, natural(am[0]), am[1] != "default", am[1]))
     return Grid(rows, schemes, cols, cells)
 
 
@@ -183,7 +185,8 @@ class _FileRead:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     common: dict[str, str] = dataclasses.field(default_factory=dict)
     # key, outcome, message, log tail, time, own properties, axes, suite timestamp
-    rows: list[tuple[str, str, str, str, float, dict[str, str], Axes, str]] = dataclasses.field(default_factory=list)
+    rows: list[tuple[str, str, str, str, float, dict[str, str], Axes, str]] = \
+        dataclasses.field(default_factory=list)
 
 
 def _tail(*texts: str | None) -> str:
@@ -367,9 +370,9 @@ def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]]
         outcomes = [max(rows, key=lambda r: _RANK[r[1]])[1] for _, rows in ordered]
         idx, rows = ordered[-1]
         worst = max(rows, key=lambda r: _RANK[r[1]])
-        case = Case(key, worst[1], worst[5], inputs[idx].common, worst[6], "\n".join(r[2] for r in rows if r[2]),
-                    _tail(*(r[3] for r in rows)), sum(r[4] for r in rows), idx,
-                    tuple(outcomes) if len(outcomes) > 1 else ())
+        case = Case(key, worst[1], worst[5], inputs[idx].common, worst[6],
+                    "\n".join(r[2] for r in rows if r[2]), _tail(*(r[3] for r in rows)),
+                    sum(r[4] for r in rows), idx, tuple(outcomes) if len(outcomes) > 1 else ())
         if any(o in RED for o in outcomes) and any(o in PASS for o in outcomes):
             case.tag("flaky")
         cases[key] = case
@@ -398,7 +401,8 @@ class Previous:
 
     def props(self, case: Mapping[str, Any]) -> dict[str, str]:
         f = case.get("file")
-        return {**self.inputs[f]["common"], **case["properties"]} if f is not None else dict(case["properties"])
+        own = case["properties"]
+        return {**self.inputs[f]["common"], **own} if f is not None else dict(own)
 
 
 def load_previous(path: str | Path) -> Previous:
@@ -444,10 +448,11 @@ def history_entries(history: str) -> list[tuple[str, str | None]]:
 
 def _alternates(now: str, history: str) -> bool:
     """Flaky over nights: the pass/fail sequence (skips ignored) changes direction at least twice."""
-    if not ((now in RED or "failed" in history or "error" in history) and (now in PASS or "passed" in history)):
+    red = now in RED or "failed" in history or "error" in history
+    if not (red and (now in PASS or "passed" in history)):
         return False  # never both red and green in the window: the common case, decided without parsing
     seq = [o in PASS for o in [now] + [o for o, _ in history_entries(history)] if o in PASS or o in RED]
-    return sum(a != b for a, b in zip(seq, seq[1:])) >= 2
+    return sum(a != b for a, b in zip(seq, seq[1:], strict=False)) >= 2
 
 
 def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[str, Any]:
@@ -515,8 +520,9 @@ def _tokens(raw: str) -> list[list[int]] | None:
         value = json.loads(raw)
     except json.JSONDecodeError:
         return None
-    ok = isinstance(value, list) and all(isinstance(s, list) and all(type(t) is int for t in s) for s in value)
-    return value if ok else None
+    if isinstance(value, list) and all(isinstance(s, list) and all(type(t) is int for t in s) for s in value):
+        return value
+    return None
 
 
 def _divergence(a: list[list[int]] | None, b: list[list[int]] | None) -> str:
@@ -524,8 +530,8 @@ def _divergence(a: list[list[int]] | None, b: list[list[int]] | None) -> str:
         return "greedy_token_ids is not a JSON list of lists of ints"
     if len(a) != len(b):
         return f"{len(b)} prompts vs {len(a)}"
-    for i, (sa, sb) in enumerate(zip(a, b)):
-        j = next((j for j, (ta, tb) in enumerate(zip(sa, sb)) if ta != tb), None)
+    for i, (sa, sb) in enumerate(zip(a, b, strict=True)):
+        j = next((j for j, (ta, tb) in enumerate(zip(sa, sb, strict=False)) if ta != tb), None)
         if j is not None:
             return f"prompt {i} diverges at token {j}: {sb[j]} vs {sa[j]}"
         if len(sa) != len(sb):
@@ -546,7 +552,8 @@ def _agreement(cases: Iterable[Case]) -> list[dict[str, Any]]:
         by_output: dict[str, tuple[list[list[int]] | None, list[Case]]] = {}
         for c in sorted(members, key=lambda c: natural(c.arch)):
             tokens = _tokens(c.prop("greedy_token_ids") or "")
-            by_output.setdefault(json.dumps(tokens) if tokens is not None else f"bad:{c.key}", (tokens, []))[1].append(c)
+            same = json.dumps(tokens) if tokens is not None else f"unreadable:{c.key}"
+            by_output.setdefault(same, (tokens, []))[1].append(c)
         if len(by_output) < 2:
             continue
         ref_key, (ref_tokens, ref) = max(by_output.items(), key=lambda kv: len(kv[1][1]))
@@ -556,8 +563,9 @@ def _agreement(cases: Iterable[Case]) -> list[dict[str, Any]]:
                 c.tag("disagree")
                 differs.append({"arch": c.arch, "device": c.prop("device_name", ""), "case": c.key,
                                 "detail": _divergence(ref_tokens, tokens)})
+        reference = [{"arch": c.arch, "device": c.prop("device_name", ""), "case": c.key} for c in ref]
         out.append({"checkpoint": checkpoint, "mode": mode, "check": check, "differs": differs,
-                    "reference": [{"arch": c.arch, "device": c.prop("device_name", ""), "case": c.key} for c in ref]})
+                    "reference": reference})
     return out
 
 
@@ -689,7 +697,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "summary.json, matrix.md and index.html, diffed against the previous night.")
     p.add_argument("inputs", nargs="+", metavar="RUN_DIRS_OR_FILES",
                    help="JUnit files, or run directories searched recursively for *.xml")
-    p.add_argument("--out", required=True, type=Path, help="directory for summary.json, matrix.md, index.html")
+    p.add_argument("--out", required=True, type=Path, help="directory to write summary.json, matrix.md and "
+                   "index.html to")
     p.add_argument("--previous", metavar="SUMMARY", help="last night's summary.json")
     p.add_argument("--history", type=int, default=7, metavar="N", help="nights of history kept (default 7)")
     p.add_argument("--date", help="date of this run, YYYY-MM-DD (default: today)")
@@ -719,9 +728,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quantmatrix report: error: {e}", file=sys.stderr)
         return 2
     d = report.diff
+    untested = len(d["newly_skipped"]) + len(d["newly_missing"])
     print(f"quantmatrix report: {len(report.inputs)} files ({len(report.bad_inputs)} bad), "
-          f"{len(report.cases)} cases: {len(d['new_failures'])} new failures, {len(d['still_failing'])} still "
-          f"failing, {len(d['fixed'])} fixed, {len(d['newly_skipped']) + len(d['newly_missing'])} newly "
-          f"untested, {len(d['flaky'])} flaky, {len(report.disagreements)} cross-arch disagreements "
-          f"-> {paths['html']}")
+          f"{len(report.cases)} cases: {len(d['new_failures'])} new failures, "
+          f"{len(d['still_failing'])} still failing, "
+          f"{len(d['fixed'])} fixed, {untested} newly untested, {len(d['flaky'])} flaky, "
+          f"{len(report.disagreements)} cross-arch disagreements -> {paths['html']}")
     return report.exit_code

@@ -6,10 +6,12 @@ recount cells in the browser; only cases a maintainer must read (not plain passe
 
 from __future__ import annotations
 
+import html
 import json
+import re
 from typing import Any
 
-from quantmatrix.report import LOST, OUTCOMES, Grid, Report, describe_disagreement, history_entries
+from quantmatrix.report import LOST, OUTCOMES, Grid, Input, Report, describe_disagreement, history_entries
 
 # Bits of a case's flags; the page's JS reads the same numbers. 8: coverage lost (any tag in LOST).
 FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "flaky": 16, "disagree": 32}
@@ -52,29 +54,35 @@ def _data(report: Report, g: Grid) -> dict[str, Any]:
         details[i] = det
     d = report.diff
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
+    disagreements = [{"text": describe_disagreement(x), "cases": [index[y["case"]] for y in x["differs"]]}
+                     for x in report.disagreements]
     return {
         "night": report.night, "previous": report.previous_night, "exit": report.exit_code,
         "totals": report.totals(), "archs_lost": d["archs_lost"], "outcomes": list(OUTCOMES),
-        "rows": [[r, g.schemes.get(r, "")] for r in g.rows], "cols": [list(c) for c in g.cols], "checks": checks,
-        "cases": cols, "details": details,
+        "rows": [[r, g.schemes.get(r, "")] for r in g.rows], "cols": [list(c) for c in g.cols],
+        "checks": checks, "cases": cols, "details": details,
         "lists": {"New failures": [index[k] for k in d["new_failures"]],
                   "Coverage lost": [index[k] for k in lost],
                   "Still failing": [index[k] for k in d["still_failing"]],
                   "Fixed": [index[k] for k in d["fixed"]], "Flaky": [index[k] for k in d["flaky"]]},
-        "disagreements": [{"text": describe_disagreement(x), "cases": [index[y["case"]] for y in x["differs"]]}
-                          for x in report.disagreements],
+        "disagreements": disagreements,
         "bad": report.bad_inputs,
-        "runs": [{"path": i.path, "cases": i.cases, "arch": ", ".join(i.archs), **{k: {**i.common, **i.properties}.get(
-            k, "") for k in ("runner", "device_name", "vllm_version", "torch_version")}} for i in report.inputs],
+        "runs": [_run(i) for i in report.inputs],
     }
+
+
+def _run(inp: Input) -> dict[str, Any]:
+    p = {**inp.common, **inp.properties}
+    return {"path": inp.path, "cases": inp.cases, "arch": ", ".join(inp.archs),
+            **{k: p.get(k, "") for k in ("runner", "device_name", "vllm_version", "torch_version")}}
 
 
 def render(report: Report, g: Grid) -> str:
     # "<" escaped so no message can close the <script> element the data lives in.
     data = json.dumps(_data(report, g), separators=(",", ":"), ensure_ascii=False).replace("<", "\\u003c")
-    title = f"quantmatrix nightly {report.night}".replace("&", "&amp;").replace("<", "&lt;")
-    return (_PAGE.replace("@TITLE@", title).replace("@CSS@", _CSS).replace("@JS@", _JS)
-            .replace("@DATA@", data))
+    title = html.escape(f"quantmatrix nightly {report.night}")
+    parts = {"TITLE": title, "CSS": _CSS, "JS": _JS, "DATA": data}
+    return re.sub(r"@(TITLE|CSS|JS|DATA)@", lambda m: parts[m.group(1)], _PAGE)  # one pass: no re-expansion
 
 
 _PAGE = """<!DOCTYPE html>
@@ -89,8 +97,9 @@ _PAGE = """<!DOCTYPE html>
 <label>mode <select id="f-mode"></select></label>
 <label>scheme <select id="f-scheme"></select></label>
 <label>check <select id="f-check"></select></label>
-<span id="legend"><b class="st-fail">fail</b> <b class="st-lost">coverage lost</b> <b class="st-waived">waived</b>
-<b class="st-pass">pass</b> <b class="st-skip">skip only</b> ≠ archs disagree</span>
+<span id="legend"><b class="st-fail">fail</b> <b class="st-lost">coverage lost</b>
+<b class="st-waived">waived</b> <b class="st-pass">pass</b> <b class="st-skip">skip only</b>
+≠ archs disagree</span>
 </form>
 <main>
 <div id="gridwrap"><table id="grid"></table></div>
@@ -199,13 +208,17 @@ function render() {
   t.append(el("thead", {}, h1, h2));
   const body = el("tbody");
   for (const [r, ri] of rows) {
-    const tr = el("tr", {"data-row": r[0]}, el("th", {class: "row"}, r[0]), el("th", {class: "row muted"}, r[1]));
+    const tr = el("tr", {"data-row": r[0]}, el("th", {class: "row"}, r[0]),
+      el("th", {class: "row muted"}, r[1]));
     for (const [c, k] of cols) {
       const ids = (byCell.get(ri * D.cols.length + k) || []).filter(visible);
-      if (!ids.length) { tr.append(el("td", {class: "cell empty", "data-arch": c[0], "data-mode": c[1]})); continue; }
+      if (!ids.length) {
+        tr.append(el("td", {class: "cell empty", "data-arch": c[0], "data-mode": c[1]}));
+        continue;
+      }
       const st = status(ids), isNew = ids.some(i => C.f[i] & F.new);
-      tr.append(el("td", {class: "cell st-" + st + (isNew ? " new" : ""), "data-arch": c[0], "data-mode": c[1],
-        "data-status": st, title: r[0] + " @ " + c[0] + " / " + c[1],
+      tr.append(el("td", {class: "cell st-" + st + (isNew ? " new" : ""), "data-arch": c[0],
+        "data-mode": c[1], "data-status": st, title: r[0] + " @ " + c[0] + " / " + c[1],
         onclick: ev => showCell(ri, k, ev.currentTarget)}, cellLabel(ids) + (isNew ? " NEW" : "")));
     }
     body.append(tr);
@@ -215,28 +228,34 @@ function render() {
 }
 function caseBlock(i) {
   const o = D.outcomes[C.o[i]], d = D.details[i], f = C.f[i];
-  const tags = [["new", "new failure"], ["still", "still failing"], ["fixed", "fixed"], ["lost", "coverage lost"],
-    ["flaky", "flaky"], ["disagree", "differs across archs"]].filter(([k]) => f & F[k]).map(([, t]) => t);
+  const tags = [["new", "new failure"], ["still", "still failing"], ["fixed", "fixed"],
+    ["lost", "coverage lost"], ["flaky", "flaky"], ["disagree", "differs across archs"]]
+    .filter(([k]) => f & F[k]).map(([, t]) => t);
   const head = el("div", {}, el("span", {class: "badge o-" + o}, o), el("b", {}, D.checks[C.h[i]]),
     ...tags.map(t => el("span", {class: "tag"}, t)));
   const box = el("div", {class: "case", "data-case": i}, head);
   if (!d) return box;
   box.append(el("div", {class: "muted"}, d.id));
   if (d.msg) box.append(el("pre", {class: "msg"}, d.msg));
-  if (d.bisect) box.append(el("div", {class: "bisect"}, d.bisect.last_passed_night ?
-    "last passed " + d.bisect.last_passed_night + " (vLLM " + (d.bisect.last_passed_vllm || "?") + ") \u2192 now vLLM " +
-    (d.vllm || "?") : "no pass in the nights kept; now vLLM " + (d.vllm || "?")));
+  const now = "now vLLM " + (d.vllm || "?");
+  if (d.bisect) box.append(el("div", {class: "bisect"}, d.bisect.last_passed_night ? "last passed " +
+    d.bisect.last_passed_night + " (vLLM " + (d.bisect.last_passed_vllm || "?") + ") \u2192 " + now :
+    "no pass in the nights kept; " + now));
   if (d.waiver) {
-    const w = el("div", {class: "waiver"}, "waiver: " + d.waiver.reason + " (expires " + d.waiver.expires + ") ");
-    w.append(/^https?:\/\//.test(d.waiver.link) ? el("a", {href: d.waiver.link}, d.waiver.link) : d.waiver.link);
+    const w = el("div", {class: "waiver"}, "waiver: " + d.waiver.reason + " (expires " +
+      d.waiver.expires + ") ");
+    const link = d.waiver.link;
+    w.append(/^https?:\/\//.test(link) ? el("a", {href: link}, link) : link);
     box.append(w);
   }
   if (d.attempts.length) box.append(el("div", {}, "attempts: " + d.attempts.join(" \u2192 ")));
   if (d.history) box.append(el("div", {class: "muted"}, "history: " +
     d.history.map(h => h[0] + " " + h[1] + (h[2] ? " (vLLM " + h[2] + ")" : "")).join(", ")));
   const where = [d.device, d.runner].filter(x => x).join(" on ");
-  if (where || d.vllm) box.append(el("div", {class: "muted"}, where + (d.vllm ? " \u00b7 vLLM " + d.vllm : "")));
-  if (d.log) box.append(el("details", {open: ""}, el("summary", {}, "log tail"), el("pre", {class: "log"}, d.log)));
+  const vllm = d.vllm ? " \u00b7 vLLM " + d.vllm : "";
+  if (where || d.vllm) box.append(el("div", {class: "muted"}, where + vllm));
+  if (d.log) box.append(el("details", {open: ""}, el("summary", {}, "log tail"),
+    el("pre", {class: "log"}, d.log)));
   return box;
 }
 function showCases(title, ids) {
@@ -258,9 +277,10 @@ function renderLists() {
   for (const [name, all] of Object.entries(D.lists)) {
     const ids = all.filter(visible);
     if (!ids.length) continue;
-    box.append(el("h2", {}, name + " (" + ids.length + ")"), el("ul", {"data-list": name}, ...ids.slice(0, 500).map(i =>
-      el("li", {}, el("a", {onclick: () => showCases(D.details[i].id, [i])}, D.details[i].id),
-        D.details[i].msg ? " \u2014 " + D.details[i].msg.split("\n")[0].slice(0, 200) : ""))));
+    const items = ids.slice(0, 500).map(i => el("li", {},
+      el("a", {onclick: () => showCases(D.details[i].id, [i])}, D.details[i].id),
+      D.details[i].msg ? " \u2014 " + D.details[i].msg.split("\n")[0].slice(0, 200) : ""));
+    box.append(el("h2", {}, name + " (" + ids.length + ")"), el("ul", {"data-list": name}, ...items));
     if (ids.length > 500) box.append(el("p", {class: "muted"}, (ids.length - 500) + " more in summary.json"));
   }
   const dis = D.disagreements.filter(x => x.cases.some(visible));
@@ -268,22 +288,24 @@ function renderLists() {
     el("ul", {"data-list": "disagreements"}, ...dis.map(x =>
       el("li", {}, el("a", {onclick: () => showCases("cross-arch disagreement", x.cases)}, x.text)))));
   if (D.bad.length) box.append(el("h2", {}, "Bad input files, skipped (" + D.bad.length + ")"),
-    el("ul", {"data-list": "bad"}, ...D.bad.map(b => el("li", {}, el("code", {}, b.path), ": " + b.problem))));
-  const runs = el("table", {id: "runs"}, el("tr", {}, ...["file", "runner", "arch", "device", "vLLM", "torch", "cases"]
-    .map(h => el("th", {}, h))));
+    el("ul", {"data-list": "bad"}, ...D.bad.map(b => el("li", {}, el("code", {}, b.path), ": " +
+      b.problem))));
+  const heads = ["file", "runner", "arch", "device", "vLLM", "torch", "cases"];
+  const runs = el("table", {id: "runs"}, el("tr", {}, ...heads.map(h => el("th", {}, h))));
   for (const r of D.runs.slice(0, 200)) runs.append(el("tr", {}, ...[r.path, r.runner, r.arch, r.device_name,
     r.vllm_version, r.torch_version, String(r.cases)].map(v => el("td", {}, v))));
   box.append(el("h2", {}, "Runs (" + D.runs.length + ")"), runs);
 }
 document.getElementById("title").textContent = "quantmatrix nightly \u2014 " + D.night;
-document.getElementById("sub").textContent = (D.previous ? "vs " + D.previous : "no previous night to diff against") +
+document.getElementById("sub").textContent =
+  (D.previous ? "vs " + D.previous : "no previous night to diff against") +
   " \u00b7 " + D.runs.length + " JUnit files \u00b7 " + N + " cases \u00b7 " +
   Object.entries(D.totals).filter(([, n]) => n).map(([o, n]) => n + " " + o).join(" \u00b7 ");
 const banner = document.getElementById("banner");
 banner.className = D.exit ? "bad" : "good";
+const lostArchs = D.archs_lost.length ? "; no results at all from " + D.archs_lost.join(", ") : "";
 banner.textContent = D.exit ? D.lists["New failures"].length + " new failures; coverage lost: " +
-  D.lists["Coverage lost"].length + (D.archs_lost.length ? "; no results at all from " + D.archs_lost.join(", ") : "")
-  : "nothing new broke and nothing stopped being tested";
+  D.lists["Coverage lost"].length + lostArchs : "nothing new broke and nothing stopped being tested";
 fillSelect("f-arch", "arch", archs);
 fillSelect("f-mode", "mode", modes);
 fillSelect("f-scheme", "scheme", schemes);

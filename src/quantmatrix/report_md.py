@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from quantmatrix.report import LOST, Case, Grid, Report, cell_status, describe_disagreement
 
+T = TypeVar("T")
 LIST_LIMIT = 50  # entries per section: the rest is in index.html and summary.json
 EMOJI = {"fail": "❌", "lost": "🕳️", "waived": "🟡", "pass": "✅", "skip": "⚪"}
 _COUNTS = (("fail", ("failed", "error")), ("missing", ("missing",)), ("skip", ("skipped",)),
@@ -42,14 +44,14 @@ def _first_line(s: str) -> str:
     return s.strip().splitlines()[0] if s.strip() else ""
 
 
-def _section(title: str, lines: Iterable[str], total: int) -> list[str]:
-    lines = list(lines)
-    if not lines:
+def _section(title: str, items: Sequence[T], line: Callable[[T], str]) -> list[str]:
+    """A heading and at most LIST_LIMIT lines; only those are formatted."""
+    if not items:
         return []
-    out = ["", f"## {title} ({total})", ""]
-    out += [f"- {line}" for line in lines[:LIST_LIMIT]]
-    if total > LIST_LIMIT:
-        out.append(f"- … and {total - LIST_LIMIT} more: see index.html / summary.json")
+    out = ["", f"## {title} ({len(items)})", ""]
+    out += [f"- {line(item)}" for item in items[:LIST_LIMIT]]
+    if len(items) > LIST_LIMIT:
+        out.append(f"- … and {len(items) - LIST_LIMIT} more: see index.html / summary.json")
     return out
 
 
@@ -61,8 +63,8 @@ def _case_line(report: Report, c: Case) -> str:
     if b is not None:
         now = report.vllm_version(c) or "?"
         if b["last_passed_night"]:
-            line += (f" — last passed **{_text(b['last_passed_night'])}** (vLLM {_text(b['last_passed_vllm'] or '?')})"
-                     f" → now vLLM {_text(now)}")
+            night, then = _text(b["last_passed_night"]), _text(b["last_passed_vllm"] or "?")
+            line += f" — last passed **{night}** (vLLM {then}) → now vLLM {_text(now)}"
         else:
             line += f" — no pass in the last {report.history_nights} nights kept (now vLLM {_text(now)})"
     if c.tags & LOST and c.outcome != "missing":
@@ -77,7 +79,7 @@ def render(report: Report, g: Grid) -> str:
     totals = report.totals()
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
     head = [f"# quantmatrix nightly — {_text(report.night)}", ""]
-    vs = f"vs {_text(report.previous_night)}" if report.previous_night else "no previous night to diff against"
+    vs = f"vs {_text(report.previous_night)}" if report.previous_night else "no previous night to compare"
     head.append(f"{vs} · {len(report.inputs)} JUnit files · {len(report.cases)} cases · " +
                 " · ".join(f"{n} {o}" for o, n in totals.items() if n))
     head.append("")
@@ -89,8 +91,8 @@ def render(report: Report, g: Grid) -> str:
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
 
-    table = ["", "## Matrix", "", "| checkpoint | scheme | " + " | ".join(f"{_text(a)}<br>{_text(m)}" for a, m in g.cols)
-             + " |", "|---|---|" + "---|" * len(g.cols)]
+    heads = " | ".join(f"{_text(a)}<br>{_text(m)}" for a, m in g.cols)
+    table = ["", "## Matrix", "", f"| checkpoint | scheme | {heads} |", "|---|---|" + "---|" * len(g.cols)]
     for row in g.rows:
         cells = [cell_text(g.cells[(row, a, m)]) if (row, a, m) in g.cells else "" for a, m in g.cols]
         table.append(f"| {_text(row)} | {_text(g.schemes.get(row, ''))} | " + " | ".join(cells) + " |")
@@ -98,22 +100,19 @@ def render(report: Report, g: Grid) -> str:
     table.append("❌ failed or error · 🕳️ coverage lost (newly skipped or missing) · 🟡 waived · ✅ passed · "
                  "⚪ skipped only · ≠ archs: greedy tokens differ across archs")
 
-    cases = report.cases
-    body = []
-    body += _section("New failures", (_case_line(report, cases[k]) for k in d["new_failures"]),
-                     len(d["new_failures"]))
-    body += _section("Coverage lost", (_case_line(report, cases[k]) for k in lost), len(lost))
-    body += _section("Still failing", (_case_line(report, cases[k]) for k in d["still_failing"]),
-                     len(d["still_failing"]))
-    body += _section("Fixed", (_code(k) for k in d["fixed"]), len(d["fixed"]))
-    body += _section("Flaky", (_case_line(report, cases[k]) for k in d["flaky"]), len(d["flaky"]))
-    body += _section("Cross-arch disagreements", (_text(describe_disagreement(x), 400)
-                                                  for x in report.disagreements), len(report.disagreements))
-    waived = [c for c in cases.values() if c.prop("waiver_reason") is not None]
-    body += _section("Waivers", (_waiver_line(c) for c in waived), len(waived))
-    body += _section("Bad input files (skipped)", (f"{_code(b['path'])}: {_text(b['problem'])}"
-                                                   for b in report.bad_inputs), len(report.bad_inputs))
-    runs = ["", "## Runs", "", "| file | runner | arch | device | vLLM | torch | cases |", "|---|---|---|---|---|---|---|"]
+    def case(key: str) -> str:
+        return _case_line(report, report.cases[key])
+
+    body = _section("New failures", d["new_failures"], case) + _section("Coverage lost", lost, case)
+    body += _section("Still failing", d["still_failing"], case) + _section("Fixed", d["fixed"], _code)
+    body += _section("Flaky", d["flaky"], case)
+    body += _section("Cross-arch disagreements", report.disagreements,
+                     lambda x: _text(describe_disagreement(x), 400))
+    waived = [c for c in report.cases.values() if c.prop("waiver_reason") is not None]
+    body += _section("Waivers", waived, _waiver_line)
+    body += _section("Bad input files (skipped)", report.bad_inputs,
+                     lambda b: f"{_code(b['path'])}: {_text(b['problem'])}")
+    runs = ["", "## Runs", "", "| file | runner | arch | device | vLLM | torch | cases |", "|---" * 7 + "|"]
     for inp in report.inputs[:LIST_LIMIT]:
         p = {**inp.common, **inp.properties}
         runs.append("| " + " | ".join(_text(x) for x in (
