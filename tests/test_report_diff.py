@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import SuiteRunner
 
 from quantmatrix.report import main
+
+if TYPE_CHECKING:
+    from conftest import SuiteRunner
 
 A = "qwen3moe-tiny-nvfp4-weight-only@sm121-nocache"
 B = "qwen3moe-tiny-nvfp4-weight-only@sm120-nocache"

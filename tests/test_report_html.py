@@ -8,11 +8,14 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import SuiteRunner
 
 from quantmatrix.report import main
+
+if TYPE_CHECKING:
+    from conftest import SuiteRunner
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -7,11 +7,14 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from conftest import SuiteRunner
 
 from quantmatrix.report import RED, build, main, stamp_testsuite_properties, summary
+
+if TYPE_CHECKING:
+    from conftest import SuiteRunner
 
 CELLS = ["qwen3moe-tiny-nvfp4-weight-only@sm121-nocache", "qwen3moe-tiny-nvfp4-weight-only@sm120-default",
          "mixtral-tiny-nvfp4-w4a4@sm121-eager", "mixtral-tiny-nvfp4-w4a4@sm100-default"]
@@ -246,8 +249,7 @@ def test_lint(cell):
 def test_usage_errors_exit_2_with_a_message(junit_suite: SuiteRunner, capsys: pytest.CaptureFixture[str],
                                             argv: list[str], message: str) -> None:
     """A wrong command line exits 2 and says what is wrong, never a traceback; nothing is written."""
-    junit_suite.run("n", CELLS[:1])
-    os.chdir(junit_suite.pytester.path)
+    junit_suite.run("n", CELLS[:1])  # pytester runs the test in its own directory: "o" lands there
     assert main([a.format(xml=junit_suite.last) for a in argv]) == 2
     assert message in capsys.readouterr().err
     assert not Path("o").exists()
