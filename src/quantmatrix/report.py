@@ -220,11 +220,12 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
             outcome = "xpassed" if message == "xfail-marked test passes unexpectedly" else "skipped"
     else:
         outcome = "xpassed" if "waiver_reason" in props else "passed"
-    if "waiver_reason" in props and _waiver_expired(props, today):
-        link = f" ({props['waiver_link']})" if props.get("waiver_link") else ""
-        message = (f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}{link}"
-                   + (f"\n{message}" if message else ""))
-        outcome = "failed" if outcome not in RED else outcome
+    if outcome != "skipped" and "waiver_reason" in props and _waiver_expired(props, today):
+        if "waiver expired" not in message:  # the plugin's own failure may say so already
+            link = f" ({props['waiver_link']})" if props.get("waiver_link") else ""
+            message = (f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}{link}"
+                       + (f"\n{message}" if message else ""))
+        outcome = outcome if outcome in RED else "failed"
     return outcome, message[:MESSAGE_CHARS], log
 
 
@@ -683,7 +684,8 @@ def write(report: Report, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     g = grid(report)
     paths = {"summary": out / "summary.json", "matrix": out / "matrix.md", "html": out / "index.html"}
-    write_atomic(paths["summary"], json.dumps(summary(report), separators=(",", ":"), ensure_ascii=False))
+    text = json.dumps(summary(report), separators=(",", ":"), ensure_ascii=False, check_circular=False)
+    write_atomic(paths["summary"], text)
     write_atomic(paths["matrix"], report_md.render(report, g))
     write_atomic(paths["html"], report_html.render(report, g))
     return paths
