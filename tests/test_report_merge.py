@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quantmatrix.report import RED, build, main, stamp_testsuite_properties, summary
+from quantmatrix.report import RED, build, main, stamp_testsuite_properties, summary_json
 
 if TYPE_CHECKING:
     from conftest import SuiteRunner
@@ -218,7 +218,7 @@ def test_parallel_parsing_gives_the_same_summary_as_serial(junit_suite: SuiteRun
         files[-1].write_text(text)
     serial, parallel = report_of(*files, jobs=1), report_of(*files, jobs=2)
     assert len(serial.cases) == 40 * 8
-    assert summary(serial) == summary(parallel)
+    assert summary_json(serial) == summary_json(parallel)
 
 
 def test_cases_without_plugin_properties_are_placed_by_their_name(pytester: pytest.Pytester) -> None:

@@ -64,6 +64,7 @@ class Case:
     own: dict[str, str]
     common: dict[str, str]
     axes: Axes
+    entry: str  # its summary.json entry as far as its file tells, see _entry()
     message: str = ""
     log_tail: str = ""
     time: float = 0.0
@@ -184,8 +185,8 @@ class _FileRead:
     problem: str | None = None
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     common: dict[str, str] = dataclasses.field(default_factory=dict)
-    # key, outcome, message, log tail, time, own properties, axes, suite timestamp
-    rows: list[tuple[str, str, str, str, float, dict[str, str], Axes, str]] = \
+    # key, outcome, message, log tail, time, own properties, axes, suite timestamp, summary entry
+    rows: list[tuple[str, str, str, str, float, dict[str, str], Axes, str, str]] = \
         dataclasses.field(default_factory=list)
 
 
@@ -294,7 +295,23 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
         for props in per_case if shared else ():
             for k in out.common:
                 del props[k]
+    out.rows = [(*row, _entry(row[1], row[5], row[4], row[2], row[3])) for row in out.rows]
     return out
+
+
+def _entry(outcome: str, own: Mapping[str, str], seconds: float, message: str, log: str) -> str:
+    """A case's summary.json entry as far as its own file tells, without the closing brace.
+
+    Made where the file is parsed (a worker process), so that writing 100k entries is joining strings.
+    """
+    entry: dict[str, Any] = {"outcome": outcome, "properties": own}
+    if seconds:
+        entry["time"] = seconds
+    if message:
+        entry["message"] = message
+    if log:
+        entry["log_tail"] = log
+    return json.dumps(entry, separators=(",", ":"))[:-1]
 
 
 @contextlib.contextmanager
@@ -362,7 +379,7 @@ def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]]
                 dups.setdefault(key, [(cases[key].file, first[key])]).append((idx, row))
                 continue
             first[key] = row
-            cases[key] = Case(key, row[1], row[5], common, row[6], row[2], row[3], row[4], idx)
+            cases[key] = Case(key, row[1], row[5], common, row[6], row[8], row[2], row[3], row[4], idx)
     for key, entries in dups.items():
         attempts: dict[int, list[tuple]] = {}
         for idx, row in entries:
@@ -371,9 +388,11 @@ def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]]
         outcomes = [max(rows, key=lambda r: _RANK[r[1]])[1] for _, rows in ordered]
         idx, rows = ordered[-1]
         worst = max(rows, key=lambda r: _RANK[r[1]])
+        message, log, seconds = "\n".join(r[2] for r in rows if r[2]), _tail(*(r[3] for r in rows)), \
+            sum(r[4] for r in rows)
         case = Case(key, worst[1], worst[5], inputs[idx].common, worst[6],
-                    "\n".join(r[2] for r in rows if r[2]), _tail(*(r[3] for r in rows)),
-                    sum(r[4] for r in rows), idx, tuple(outcomes) if len(outcomes) > 1 else ())
+                    _entry(worst[1], worst[5], seconds, message, log), message, log, seconds, idx,
+                    tuple(outcomes) if len(outcomes) > 1 else ())
         if any(o in RED for o in outcomes) and any(o in PASS for o in outcomes):
             case.tag("flaky")
         cases[key] = case
@@ -470,8 +489,9 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
         seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
         if seen is not None:  # a case without a result in any night kept is dropped
             props = prev.props(pc)
+            message = f"no result tonight (last result: {nights[seen]['night']})"
             cases[key] = Case(key, "missing", props, {}, _axes(key, props),
-                              f"no result tonight (last result: {nights[seen]['night']})")
+                              _entry("missing", props, 0.0, message, ""), message)
     for key, c in cases.items():
         pc = pcases.get(key)
         before = None
@@ -600,31 +620,27 @@ def build(paths: list[str], previous: str | Path | None, *, night: str, date: da
                   (bad or []) + bad_files, cases, diff, disagreements)
 
 
-def summary(report: Report) -> dict[str, Any]:
+def summary_json(report: Report) -> str:
     """summary.json: versioned, with enough history that tomorrow's diff needs nothing else."""
-    cases: dict[str, Any] = {}
-    for key, c in report.cases.items():
-        entry: dict[str, Any] = {"outcome": c.outcome, "properties": c.own}
-        if c.file is not None:
-            entry["file"] = c.file
-        if c.time:
-            entry["time"] = c.time
-        if c.history:
-            entry["history"] = c.history
-        if c.message:
-            entry["message"] = c.message
-        if c.log_tail:
-            entry["log_tail"] = c.log_tail
-        if c.attempts:
-            entry["attempts"] = c.attempts
-        cases[key] = entry
-    return {
+    head = json.dumps({
         "schema": SCHEMA, "generated_by": "quantmatrix report", "night": report.night, "date": report.date,
         "previous_night": report.previous_night, "history_nights": report.history_nights,
         "nights": report.nights, "exit_code": report.exit_code, "totals": report.totals(),
         "inputs": [dataclasses.asdict(i) for i in report.inputs], "bad_inputs": report.bad_inputs,
-        "diff": report.diff, "disagreements": report.disagreements, "cases": cases,
-    }
+        "diff": report.diff, "disagreements": report.disagreements,
+    }, separators=(",", ":"))
+    dumps = json.dumps
+    cases = []
+    for key, c in report.cases.items():
+        entry = c.entry
+        if c.file is not None:
+            entry += f',"file":{c.file}'
+        if c.history:
+            entry += f',"history":{dumps(c.history)}'
+        if c.attempts:
+            entry += f',"attempts":{dumps(c.attempts)}'
+        cases.append(f"{dumps(key)}:{entry}}}")
+    return f'{head[:-1]},"cases":{{{",".join(cases)}}}}}'
 
 
 # ---------------------------------------------------------------------------------------------- write
@@ -684,8 +700,7 @@ def write(report: Report, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     g = grid(report)
     paths = {"summary": out / "summary.json", "matrix": out / "matrix.md", "html": out / "index.html"}
-    text = json.dumps(summary(report), separators=(",", ":"), ensure_ascii=False, check_circular=False)
-    write_atomic(paths["summary"], text)
+    write_atomic(paths["summary"], summary_json(report))
     write_atomic(paths["matrix"], report_md.render(report, g))
     write_atomic(paths["html"], report_html.render(report, g))
     return paths
