@@ -442,6 +442,8 @@ def load_previous(path: str | Path) -> Previous:
     try:
         prev = Previous(str(data["night"]), str(data["date"]), list(data["nights"]), list(data["inputs"]),
                         dict(data["cases"]))
+        for night in prev.nights:
+            str(night["night"]), str(night["date"])
         for inp in prev.inputs:
             dict(inp["common"]), dict(inp["properties"])
         for key, c in prev.cases.items():
@@ -500,6 +502,7 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
         if pc is not None:
             before = pc["outcome"]
             vllm = prev.prop(pc, "vllm_version") if before != "missing" else None
+            vllm = "".join(vllm.split()) if vllm else None  # entries are separated by spaces
             older = pc.get("history", "")
             c.history = f"{before}@{vllm} {older}" if vllm else f"{before} {older}"
             if c.history.count(" ") >= history:  # keep `history` nights
