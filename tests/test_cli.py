@@ -54,7 +54,7 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
     """`run` executes suites/ into <out>/junit.xml (xunit1, per-case properties) with extra args passed on."""
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(ROOT)
-    rc = cli.main(["run", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q",
+    rc = cli.main(["run", "--run-id", "r", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q",
                    "-m", "dispatch and sm121",
                    "-k", "config_dispatch and qwen3moe-tiny-nvfp4-weight-only and not missing and not stray"])
     assert rc == 0
@@ -63,12 +63,15 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
     assert len(cases) == 3  # the three modes
     props = {p.name: p.value for block in cases[0].iterchildren(junitparser.Properties) for p in block}
     assert props["resolved_scheme"] == "weight_only" and props["vllm_version"] != "not installed"
+    suite = next(iter(xml))
+    host = {p.name: p.value for p in suite.properties()}
+    assert host["matrix"].endswith("default.yaml") and host["run_id"] == "r" and "torch_version" in host
 
 
 def test_run_with_nothing_selected_is_not_a_pass(tmp_path, monkeypatch):
     """A selection that matches no case exits 5 (pytest's "no tests"), which CI treats as a failure."""
     monkeypatch.chdir(ROOT)
-    rc = cli.main(["run", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q", "-k", "no_such_case"])
+    rc = cli.main(["run", "--run-id", "r", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q", "-k", "no_such_case"])
     assert rc == pytest.ExitCode.NO_TESTS_COLLECTED
 
 

@@ -74,13 +74,15 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     if args.arch:
         argv.append(f"--arch={args.arch}")
     print(f"quantmatrix run {run_id}: JUnit -> {out / 'junit.xml'}", flush=True)
-    return subprocess.run(argv + pytest_args, cwd=root).returncode
+    env = {**os.environ, "QUANTMATRIX_RUN_ID": run_id}
+    return subprocess.run(argv + pytest_args, cwd=root, env=env).returncode
 
 
 # Subcommands whose module owns its own arguments: `quantmatrix NAME ...` is `module.main([...])`.
 _DELEGATED = {
     "lint": ("quantmatrix.checkpoints.lint", "check a checkpoint's declared scheme against its tensors"),
     "checkpoint": ("quantmatrix.checkpoints.commands", "make or list the matrix's synthetic checkpoints"),
+    "report": ("quantmatrix.report", "merge JUnit files of runners into summary.json, matrix.md and index.html"),
 }
 
 

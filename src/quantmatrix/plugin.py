@@ -268,6 +268,23 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_setti
     return result
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stamp host-level properties into the JUnit file once, from the controller, after pytest wrote it
+    (record_testsuite_property is lost under xdist)."""
+    config = session.config
+    xml = getattr(config.option, "xmlpath", None)
+    s = config.stash.get(SETTINGS, None)
+    if not xml or hasattr(config, "workerinput") or s is None or s.matrix is None or not Path(xml).is_file():
+        return
+    from quantmatrix.report import stamp_testsuite_properties
+
+    archs = s.host.archs(s.matrix) if s.host else []
+    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), "matrix": str(s.matrix.path),
+                                           "host_arch": " ".join(a.name for a in archs),
+                                           "run_id": os.environ.get("QUANTMATRIX_RUN_ID", "")})
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     s = config.stash.get(SETTINGS, None)
     if s is not None and s.layer_builds:
