@@ -71,7 +71,7 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
 def test_run_with_nothing_selected_is_not_a_pass(tmp_path, monkeypatch):
     """A selection that matches no case exits 5 (pytest's "no tests"), which CI treats as a failure."""
     monkeypatch.chdir(ROOT)
-    rc = cli.main(["run", "--run-id", "r", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q", "-k", "no_such_case"])
+    rc = cli.main(["run", "--out", str(tmp_path / "r"), "-p", "no:cacheprovider", "-q", "-k", "no_such_case"])
     assert rc == pytest.ExitCode.NO_TESTS_COLLECTED
 
 
