@@ -1,17 +1,16 @@
 """Matrix schema and expansion: YAML axes -> cells -> cases.
 
-The file is composed into YAML nodes (safe tags only, nothing constructed) and validated node by node, so
-every error carries file:line:column, the key, what was expected and, for a misspelt key, the closest one.
+Validation goes through yamlschema, node by node, so every error carries file:line:column, the key, what was
+expected and, for a misspelt key, the closest one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import fnmatch
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,20 @@ import yaml
 from quantmatrix.checkpoints import configs as synthetic
 from quantmatrix.checkpoints import lint as lint_codes
 from quantmatrix.errors import MatrixError
+from quantmatrix.yamlschema import (
+    Doc,
+    Field,
+    as_bool,
+    as_date,
+    as_text,
+    closest,
+    env_vars,
+    list_of,
+    matching,
+    one_of,
+    scalar_map,
+    show,
+)
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
@@ -34,7 +47,6 @@ _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "f
                      "trylast", "and", "or", "not", "true", "false", "none"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _REQUIRED = object()
 
 
@@ -281,142 +293,18 @@ class Matrix:
 # ------------------------------------------------------------------------------------------ loading
 
 
-def closest(word: str, options: Iterable[str]) -> str:
-    hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {hit[0]!r}?)" if hit else ""
+_name = matching(_NAME, "a name (letters, digits and _, not starting with a digit)")
+_id = matching(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
 
 
-class _Doc:
-    """One YAML file being validated: turns nodes into values, errors into file:line:column messages."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._constructor = yaml.constructor.SafeConstructor()
-
-    def where(self, node: yaml.Node) -> str:
-        m = node.start_mark
-        return f"{self.path}:{m.line + 1}:{m.column + 1}"
-
-    def error(self, node: yaml.Node, message: str) -> MatrixError:
-        return MatrixError(f"{self.where(node)}: {message}")
-
-    def scalar(self, node: yaml.Node, what: str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.error(node, f"{what}: expected a single value, got {_kind(node)}")
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except yaml.constructor.ConstructorError as e:
-            raise self.error(node, f"{what}: {e.problem}") from None
-
-    def typed(self, node: yaml.Node, what: str, types: tuple[type, ...], expected: str) -> Any:
-        value = self.scalar(node, what)
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise self.error(node, f"{what}: expected {expected}, got {_show(value)}")
-        return value
-
-    def mapping(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
-        """The (key, key node, value node) triples of a mapping; duplicate keys are an error."""
-        if not isinstance(node, yaml.MappingNode):
-            raise self.error(node, f"{what}: expected a mapping, got {_kind(node)}")
-        seen: dict[str, yaml.Node] = {}
-        out = []
-        for knode, vnode in node.value:
-            key = self.scalar(knode, f"{what} key")
-            if not isinstance(key, str):
-                raise self.error(knode, f"{what}: keys must be strings, got {_show(key)}")
-            if key in seen:
-                raise self.error(knode, f"{what}: duplicate key {key!r} (first at line "
-                                        f"{seen[key].start_mark.line + 1})")
-            seen[key] = knode
-            out.append((key, knode, vnode))
-        return out
-
-    def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.error(node, f"{what}: expected a list, got {_kind(node)}")
-        return list(node.value)
-
-    def record(self, node: yaml.Node, what: str, fields: Mapping[str, Field]) -> dict[str, Any]:
-        """Validate a mapping against `fields`: unknown keys, missing keys and wrong types are errors."""
-        out: dict[str, Any] = {}
-        for key, knode, vnode in self.mapping(node, what):
-            field = fields.get(key)
-            if field is None:
-                raise self.error(knode, f"{what}: unknown key {key!r}{closest(key, fields)}; "
-                                        f"expected one of: {', '.join(fields)}")
-            out[key] = field.convert(self, vnode, f"{what}.{key}")
-            out[f"@{key}"] = vnode
-        for key, field in fields.items():
-            if key not in out:
-                if field.required:
-                    raise self.error(node, f"{what}: missing required key {key!r} ({field.help})")
-                out[key] = field.default() if callable(field.default) else field.default
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    convert: Callable[[_Doc, yaml.Node, str], Any]
-    help: str
-    required: bool = True
-    default: Any = None
-
-
-def _kind(node: yaml.Node) -> str:
-    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
-
-
-def _show(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
-def _str(doc: _Doc, node: yaml.Node, what: str) -> str:
-    return doc.typed(node, what, (str,), "a string")
-
-
-def _pattern(regex: re.Pattern[str], expected: str) -> Callable[[_Doc, yaml.Node, str], str]:
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
-        value = _str(doc, node, what)
-        if not regex.match(value):
-            raise doc.error(node, f"{what}: {value!r} is not {expected}")
-        return value
-    return convert
-
-
-_name = _pattern(_NAME, "a name (letters, digits and _, not starting with a digit)")
-_id = _pattern(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
-
-
-def _marker(doc: _Doc, node: yaml.Node, what: str) -> str:
+def _marker(doc: Doc, node: yaml.Node, what: str) -> str:
     value = _name(doc, node, what)
     if value.lower() in _RESERVED_MARKERS:
         raise doc.error(node, f"{what}: {value!r} is reserved by pytest or its -m grammar; choose another name")
     return value
 
 
-def _bool(doc: _Doc, node: yaml.Node, what: str) -> bool:
-    return doc.typed(node, what, (bool,), "true or false")
-
-
-def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
-    opts = tuple(options)
-
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
-        value = doc.scalar(node, what)
-        if value not in opts:
-            hint = closest(value, opts) if isinstance(value, str) else ""
-            raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
-        return value
-    return convert
-
-
-def _list(item: Callable[[_Doc, yaml.Node, str], Any]) -> Callable[[_Doc, yaml.Node, str], tuple]:
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> tuple:
-        return tuple(item(doc, n, f"{what}[{i}]") for i, n in enumerate(doc.sequence(node, what)))
-    return convert
-
-
-def _capability(doc: _Doc, node: yaml.Node, what: str) -> tuple[int, int]:
+def _capability(doc: Doc, node: yaml.Node, what: str) -> tuple[int, int]:
     if isinstance(node, yaml.SequenceNode):
         parts = [doc.typed(n, what, (int,), "an integer") for n in node.value]
     else:
@@ -426,86 +314,63 @@ def _capability(doc: _Doc, node: yaml.Node, what: str) -> tuple[int, int]:
                                   f"a bare {value!r} is a float and loses '12.10' vs '12.1'")
         parts = str(value).split(".") if isinstance(value, str) else []
         if not all(p.isdigit() for p in parts):
-            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {_show(value)}")
+            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {show(value)}")
         parts = [int(p) for p in parts]
     if len(parts) != 2:
         raise doc.error(node, f"{what}: expected two numbers (major, minor), got {len(parts)}")
     return (parts[0], parts[1])
 
 
-def _env(doc: _Doc, node: yaml.Node, what: str) -> dict[str, str]:
-    out = {}
-    for key, knode, vnode in doc.mapping(node, what):
-        if not _ENV.match(key):
-            raise doc.error(knode, f"{what}: {key!r} is not an environment variable name")
-        value = doc.scalar(vnode, f"{what}.{key}")
-        if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {_show(value)}")
-        out[key] = str(value)
-    return out
-
-
-def _scalars(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
-    return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
-
-
-def _date(doc: _Doc, node: yaml.Node, what: str) -> datetime.date:
-    value = doc.scalar(node, what)
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-        return value
-    raise doc.error(node, f"{what}: expected a date YYYY-MM-DD, got {_show(value)}")
-
-
-def _globs(doc: _Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
+def _globs(doc: Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
     if isinstance(node, yaml.SequenceNode):
-        return _list(_str)(doc, node, what)
-    return (_str(doc, node, what),)
+        return list_of(as_text)(doc, node, what)
+    return (as_text(doc, node, what),)
 
 
-def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
+def _selector(doc: Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
     rec = doc.record(node, what, {k: Field(_globs, "glob or list of globs", required=False)
                                   for k in SELECTOR_KEYS})
     pats = {k: rec[k] for k in SELECTOR_KEYS if rec[k] is not None}
     return Selector(pats), {k: rec[f"@{k}"] for k in pats}
 
 
-def _faults(doc: _Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
-    fault = _choice(synthetic.FAULTS)
+def _faults(doc: Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
+    fault = one_of(synthetic.FAULTS)
     return tuple((key, fault(doc, vnode, f"{what}.{key}")) for key, _, vnode in doc.mapping(node, what))
 
 
 SYNTHETIC_FIELDS: dict[str, Field] = {
-    "model": Field(_choice(synthetic.MODELS), "model architecture", required=False),
-    "size": Field(_choice(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
+    "model": Field(one_of(synthetic.MODELS), "model architecture", required=False),
+    "size": Field(one_of(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
                   required=False),
-    "form": Field(_choice(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
+    "form": Field(one_of(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
                   required=False),
-    "input_activations": Field(_choice(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
+    "input_activations": Field(one_of(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
                                "input_activations (default: what the scheme implies)", required=False),
-    "config_groups": Field(_choice(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
-    "quant_algo": Field(_str, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
-    "quantize": Field(_choice(synthetic.QUANTIZE), "which modules are quantized", required=False),
+    "config_groups": Field(one_of(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
+    "quant_algo": Field(as_text, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "quantize": Field(one_of(synthetic.QUANTIZE), "which modules are quantized", required=False),
     "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
                   required=False),
-    "input_scales": Field(_choice(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
+    "input_scales": Field(one_of(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
                           "config: auto (what the scheme implies), present or absent", required=False),
-    "omit_tensors": Field(_list(_str), "globs of tensors to leave out (e.g. one expert's input_scale)",
+    "omit_tensors": Field(list_of(as_text), "globs of tensors to leave out (e.g. one expert's input_scale)",
                           required=False),
     "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
 }
 
 
-def _synthetic(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+def _synthetic(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     rec = doc.record(node, what, SYNTHETIC_FIELDS)
     return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
 
 
-def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
+def _source(doc: Doc, node: yaml.Node, what: str) -> Source:
     rec = doc.record(node, what, {
         "synthetic": Field(_synthetic, "a synthetic checkpoint spec", required=False),
-        "path": Field(_str, "a local checkpoint directory", required=False),
-        "hub": Field(_str, "a hub id, resolved from the local HF cache only", required=False),
-        "revision": Field(_str, "hub revision (branch, tag or commit)", required=False),
+        "path": Field(as_text, "a local checkpoint directory", required=False),
+        "hub": Field(as_text, "a hub id, resolved from the local HF cache only", required=False),
+        "revision": Field(as_text, "hub revision (branch, tag or commit)", required=False),
     })
     kinds = [k for k in ("synthetic", "path", "hub") if rec[k] is not None]
     if len(kinds) != 1:
@@ -524,23 +389,23 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
 
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
 EXPECT_FIELDS: dict[str, Field] = {
-    "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
-    "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
-    "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, _choice(ACTIVATION_SCALES)),
+    "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
+    "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, one_of(ACTIVATION_SCALES)),
                                "whether the selected MoE backend must read input_scale: read, not_read or any "
                                "(a value, or per arch {sm90: any, '*': read})", required=False),
-    "audit": Field(lambda d, n, w: _per_arch(d, n, w, _list(_choice(AUDIT_FAILURES))), "what the post-load "
+    "audit": Field(lambda d, n, w: _per_arch(d, n, w, list_of(one_of(AUDIT_FAILURES))), "what the post-load "
                    "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
                    required=False),
-    "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, _list(_str)),
+    "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, list_of(as_text)),
                          "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
                          required=False),
-    "lint": Field(_list(_choice(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
+    "lint": Field(list_of(one_of(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
                   required=False),
 }
 
 
-def _per_arch(doc: _Doc, node: yaml.Node, what: str, item: Callable[[_Doc, yaml.Node, str], Any]) -> PerArch:
+def _per_arch(doc: Doc, node: yaml.Node, what: str, item: Callable[[Doc, yaml.Node, str], Any]) -> PerArch:
     if isinstance(node, yaml.MappingNode):
         out = PerArch({key: item(doc, v, f"{what}.{key}") for key, _, v in doc.mapping(node, what)})
     else:
@@ -550,13 +415,13 @@ def _per_arch(doc: _Doc, node: yaml.Node, what: str, item: Callable[[_Doc, yaml.
     return out
 
 
-def _expect(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+def _expect(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     rec = doc.record(node, what, EXPECT_FIELDS)
     return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
 
 
 _TOP = {
-    "version": Field(_choice((1,)), "schema version, 1"),
+    "version": Field(one_of((1,)), "schema version, 1"),
     "archs": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of GPU archs"),
     "modes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of allocator/exec modes"),
     "schemes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of quantization schemes"),
@@ -579,7 +444,7 @@ def load(path: str | Path) -> Matrix:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
-    doc = _Doc(path)
+    doc = Doc(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
@@ -594,21 +459,21 @@ def load(path: str | Path) -> Matrix:
     return _build(doc, top)
 
 
-def _unique(doc: _Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
+def _unique(doc: Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
     if name in seen:
         raise doc.error(node, f"duplicate {what} {name!r} (already defined at {seen[name]})")
     seen[name] = doc.where(node)
 
 
-def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
+def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     names: dict[str, str] = {}
     archs = []
     for i, node in enumerate(top["archs"]):
         r = doc.record(node, f"archs[{i}]", {
             "name": Field(_marker, "arch name, e.g. sm120"),
             "capability": Field(_capability, "compute capability, e.g. '12.0'"),
-            "aliases": Field(_list(_marker), "other names (marker aliases)", required=False, default=()),
-            "label": Field(_str, "human label, e.g. 'RTX PRO 6000'"),
+            "aliases": Field(list_of(_marker), "other names (marker aliases)", required=False, default=()),
+            "label": Field(as_text, "human label, e.g. 'RTX PRO 6000'"),
         })
         for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
             _unique(doc, names, n, nd, "arch name or alias")
@@ -625,9 +490,9 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
     for i, node in enumerate(top["modes"]):
         r = doc.record(node, f"modes[{i}]", {
             "name": Field(_marker, "mode name, e.g. nocache"),
-            "env": Field(_env, "environment for the engine process", required=False, default=dict),
-            "engine_args": Field(_scalars, "vLLM engine arguments", required=False, default=dict),
-            "label": Field(_str, "what the mode reproduces"),
+            "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
+            "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
+            "label": Field(as_text, "what the mode reproduces"),
         })
         _unique(doc, mode_names, r["name"], r["@name"], "mode")
         modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
@@ -638,7 +503,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         r = doc.record(node, f"schemes[{i}]", {
             "name": Field(_name, "scheme name, e.g. nvfp4_weight_only"),
             "marker": Field(_marker, "marker of its cases, e.g. weight_only"),
-            "label": Field(_str, "human label"),
+            "label": Field(as_text, "human label"),
             "expect": Field(_expect, "default expectations of its checkpoints", required=False, default=dict),
         })
         _unique(doc, scheme_names, r["name"], r["@name"], "scheme")
@@ -650,11 +515,11 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         r = doc.record(node, f"checks[{i}]", {
             "name": Field(_name, "check name; suites/ must define test_<name>"),
             "kind": Field(_marker, "check kind marker, e.g. dispatch"),
-            "tier": Field(_choice(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
-            "schemes": Field(_list(_name), "schemes it applies to (default: all)", required=False),
-            "producers": Field(_list(_choice(PRODUCERS)), "producers it applies to (default: all)",
+            "tier": Field(one_of(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
+            "schemes": Field(list_of(_name), "schemes it applies to (default: all)", required=False),
+            "producers": Field(list_of(one_of(PRODUCERS)), "producers it applies to (default: all)",
                                required=False),
-            "description": Field(_str, "what it proves"),
+            "description": Field(as_text, "what it proves"),
         })
         _unique(doc, check_names, r["name"], r["@name"], "check")
         for s in r["schemes"] or ():
@@ -670,9 +535,9 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         r = doc.record(node, f"checkpoints[{i}]", {
             "id": Field(_id, "checkpoint id, e.g. qwen3moe-tiny-nvfp4-weight-only"),
             "source": Field(_source, "synthetic, path or hub"),
-            "producer": Field(_choice(PRODUCERS), "who exported it"),
+            "producer": Field(one_of(PRODUCERS), "who exported it"),
             "scheme": Field(_name, "one of the matrix's schemes"),
-            "label": Field(_str, "human label", required=False, default=""),
+            "label": Field(as_text, "human label", required=False, default=""),
             "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
         })
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
@@ -690,11 +555,11 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
     backend_names: dict[str, str] = {}
     for i, node in enumerate(top["moe_backends"]):
         r = doc.record(node, f"moe_backends[{i}]", {
-            "name": Field(_str, "vLLM's backend name, e.g. MARLIN"),
-            "reads": Field(_list(_choice(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
-            "single_input_scale": Field(_bool, "takes one input_scale per layer (not per expert)",
+            "name": Field(as_text, "vLLM's backend name, e.g. MARLIN"),
+            "reads": Field(list_of(one_of(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
+            "single_input_scale": Field(as_bool, "takes one input_scale per layer (not per expert)",
                                         required=False, default=False),
-            "label": Field(_str, "what it is"),
+            "label": Field(as_text, "what it is"),
         })
         _unique(doc, backend_names, r["name"], r["@name"], "MoE backend")
         backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"])
@@ -736,9 +601,9 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
     for i, node in enumerate(top["waivers"]):
         r = doc.record(node, f"waivers[{i}]", {
             "match": Field(lambda d, n, w: n, "cell selector (checkpoint, arch, mode, scheme, producer, check)"),
-            "reason": Field(_str, "why the failure is known"),
-            "link": Field(_str, "issue or PR tracking it"),
-            "expires": Field(_date, "date after which the waiver fails the run"),
+            "reason": Field(as_text, "why the failure is known"),
+            "link": Field(as_text, "issue or PR tracking it"),
+            "expires": Field(as_date, "date after which the waiver fails the run"),
         })
         sel, nodes = _selector(doc, r["match"], f"waivers[{i}].match")
         _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
@@ -750,7 +615,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
     return matrix
 
 
-def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known: Mapping[str, list[str]],
+def _check_refs(doc: Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known: Mapping[str, list[str]],
                 what: str) -> None:
     """A selector value without glob characters must name something that exists (no dangling references)."""
     for key, pats in sel.patterns.items():
@@ -759,7 +624,7 @@ def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known:
                 raise doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}{closest(p, known[key])}")
 
 
-def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
+def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
     """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
     owners: dict[str, str] = {t: "tier" for t in TIERS}
     entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
