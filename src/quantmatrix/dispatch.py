@@ -6,12 +6,16 @@ where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.matrix import Checkpoint
-from quantmatrix.vllm_adapter import Resolution
+from quantmatrix import hardware, vllm_adapter
+from quantmatrix.errors import AdapterMismatch
+from quantmatrix.matrix import Arch, Cell, Checkpoint, MoeBackend
+from quantmatrix.vllm_adapter import MoELayer, Resolution
 
 _CONSEQUENCE = {
     ("weight_only", "w4a4"): "the fused-MoE path would fold an uninitialised input_scale into g1_alphas "
@@ -85,4 +89,64 @@ def verdict(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
     if got.quant_method != expected_method:
         return (f"checkpoint claimed by vLLM quantization method {got.quant_method!r}, expected "
                 f"{expected_method!r} [config shape: {shape}]")
+    return None
+
+
+# ------------------------------------------------------------------------------ layer-level dispatch
+
+
+@dataclasses.dataclass
+class LayerBuild:
+    """A built MoE layer, or why vLLM refused to build it (refusing can be the expected outcome)."""
+
+    layer: MoELayer | None
+    error: str | None
+    layers: list[MoELayer] = dataclasses.field(default_factory=list)  # every MoE layer, when asked for
+
+
+def build_layer(checkpoint_dir: Path, arch: Arch, every_layer: bool = False) -> LayerBuild:
+    """vLLM's own MoE block for the checkpoint (the first, or every one), built as on `arch` (simulated)."""
+    try:
+        model_config = vllm_adapter.prepare_layer_build(checkpoint_dir)
+        indices = vllm_adapter.moe_layer_indices(model_config)
+        with hardware.simulate(arch):
+            layers = [vllm_adapter.build_moe_layer(model_config, i) for i in (indices if every_layer else indices[:1])]
+        return LayerBuild(layers[0], None, layers)
+    except AdapterMismatch:
+        raise
+    except (ValueError, NotImplementedError, RuntimeError, KeyError, TypeError) as e:
+        return LayerBuild(None, vllm_adapter.reason(e))
+
+
+def layer_verdict(cell: Cell, build: LayerBuild, backends: Mapping[str, MoeBackend]) -> str | None:
+    """Method, scheme and backend against the matrix; the message names what was routed where and why it hurts."""
+    ck, arch = cell.checkpoint, cell.arch
+    expected = ck.expectation("resolves_to")
+    on = f"on {arch.describe()}"
+    if expected == "rejected":
+        return None if build.layer is None else (
+            f"vLLM built {build.layer.method} with backend {build.layer.backend} {on} for a config the matrix says "
+            "it must refuse")
+    if build.layer is None:
+        return f"vLLM could not build the MoE layer {on}: {build.error}"
+    layer = build.layer
+    got = "weight_only" if layer.weight_only else "w4a4"
+    if got != expected:
+        why = _CONSEQUENCE.get((expected, got), "")
+        return (f"{_SCHEME_WORDS[expected]} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
+                f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
+    backend = backends.get(layer.backend)
+    if backend is None:
+        return (f"vLLM selected MoE backend {layer.backend} {on}, which the matrix does not describe: add it under "
+                f"moe_backends with the tensors it reads (known: {', '.join(backends)})")
+    wanted = ck.expectation("activation_scales", arch)
+    if wanted == "not_read" and backend.reads_activation_scales:
+        return (f"weight-only checkpoint routed to W4A4 fused MoE backend {backend.name} {on}: input_scale would be "
+                "read uninitialised (the checkpoint has none)")
+    if wanted == "read" and not backend.reads_activation_scales:
+        return (f"W4A4 checkpoint routed to {backend.name} {on}, which never reads activation scales: its calibrated "
+                "input_scale is discarded and activations run unquantized")
+    pinned = ck.expectation("moe_backend", arch, default=None)
+    if pinned is not None and backend.name not in pinned:
+        return f"MoE backend {backend.name} selected {on}; the matrix pins {', '.join(pinned)} for this arch"
     return None

@@ -51,14 +51,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _new_store_root() -> Path:
-    """<cache>/e2e/<time>-<id>, pruning all but the most recent sessions."""
+    """<cache>/e2e/<time>-<id> (made by the first engine run), pruning all but the most recent sessions."""
     parent = checkpoints.cache_root() / "e2e"
-    parent.mkdir(parents=True, exist_ok=True)
-    for old in sorted(p for p in parent.iterdir() if p.is_dir())[:-KEEP_STORES + 1]:
-        shutil.rmtree(old, ignore_errors=True)
-    root = parent / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-    root.mkdir()
-    return root
+    if parent.is_dir():
+        for old in sorted(p for p in parent.iterdir() if p.is_dir())[:-KEEP_STORES + 1]:
+            shutil.rmtree(old, ignore_errors=True)
+    return parent / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
 def gpu_pin(worker: str | None, visible: list[str]) -> str | None:
@@ -99,8 +97,10 @@ def pytest_configure_node(node: Any) -> None:
 
 
 def _case(item: pytest.Item) -> Case | None:
+    """The item's matrix case (not the placeholder pytest puts in an empty parametrization)."""
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("case") if callspec is not None else None
+    case = callspec.params.get("case") if callspec is not None else None
+    return case if isinstance(case, Case) else None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -171,15 +171,37 @@ def e2e(quantmatrix_settings: Settings) -> E2E:
     return _e2e(quantmatrix_settings)
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineCheckpoint:
+    """What the engine runs for a cell: the checkpoint itself, or (synthetic, on a platform that says so) its
+    twin built at another size from the same spec and seed; `size` names the twin (None: the checkpoint)."""
+
+    path: Path
+    size: str | None
+
+
 @pytest.fixture
-def engine_runs(request: pytest.FixtureRequest, quantmatrix_settings: Settings,
-                e2e: E2E) -> Callable[[Cell, Path], engine.GroupRun]:
-    """Run (or reuse) the engine group of any cell: one start per group per session, whichever worker asks."""
+def engine_checkpoint(case: Case, checkpoint_dir: Path, e2e: E2E, request: pytest.FixtureRequest
+                      ) -> EngineCheckpoint:
+    ck = case.cell.checkpoint
+    plat = e2e.platforms.get(request.config.stash[E2E_SETTINGS].platform)
+    size = plat.synthetic_size if plat else None
+    if ck.source.kind != "synthetic" or size is None or checkpoints.spec_of(ck).size == size:
+        return EngineCheckpoint(checkpoint_dir, None)
+    twin = dataclasses.replace(checkpoints.spec_of(ck), size=size)
+    return EngineCheckpoint(checkpoints.materialize_spec(twin, f"{ck.id}-{size}"), size)
+
+
+@pytest.fixture
+def engine_runs(request: pytest.FixtureRequest, e2e: E2E, engine_checkpoint: EngineCheckpoint
+                ) -> Callable[[Cell], engine.GroupRun]:
+    """Run (or reuse) the engine group of a cell of this checkpoint: one start per group per session,
+    whichever worker asks."""
     s = request.config.stash[E2E_SETTINGS]
 
-    def run(cell: Cell, checkpoint_dir: Path) -> engine.GroupRun:
+    def run(cell: Cell) -> engine.GroupRun:
         prompts = tuple(t["prompt"] for t in verdicts.tasks(cell.checkpoint))
-        req = engine.build_request(e2e, cell, checkpoint_dir, s.platform, prompts)
+        req = engine.build_request(e2e, cell, engine_checkpoint.path, s.platform, prompts)
         env = engine.child_env(e2e, cell, s.platform, os.environ)
         return s.store.get_or_run(req, env, e2e.timeout_s)
 
@@ -187,35 +209,35 @@ def engine_runs(request: pytest.FixtureRequest, quantmatrix_settings: Settings,
 
 
 @pytest.fixture
-def engine_run(case: Case, checkpoint_dir: Path, engine_runs: Callable[[Cell, Path], engine.GroupRun]
-               ) -> engine.GroupRun:
+def engine_run(case: Case, engine_runs: Callable[[Cell], engine.GroupRun]) -> engine.GroupRun:
     """This case's group run, shared by every check of the group."""
-    return engine_runs(case.cell, checkpoint_dir)
+    return engine_runs(case.cell)
 
 
 @pytest.fixture
-def reference_mode_run(case: Case, checkpoint_dir: Path, e2e: E2E, quantmatrix_settings: Settings,
-                       engine_runs: Callable[[Cell, Path], engine.GroupRun]) -> Callable[[], engine.GroupRun]:
+def reference_mode_run(case: Case, e2e: E2E, quantmatrix_settings: Settings,
+                       engine_runs: Callable[[Cell], engine.GroupRun]) -> Callable[[], engine.GroupRun]:
     """The same checkpoint and arch in the reference mode, run only when asked (a degenerate group never does)."""
     matrix = quantmatrix_settings.matrix
     assert matrix is not None
     cell = Cell(case.cell.checkpoint, case.cell.arch, matrix.mode(e2e.reference_mode))
-    return lambda: engine_runs(cell, checkpoint_dir)
+    return lambda: engine_runs(cell)
 
 
 @pytest.fixture
-def reference(request: pytest.FixtureRequest, case: Case, checkpoint_dir: Path, engine_run: engine.GroupRun,
-              e2e: E2E) -> verdicts.LoadReference:
+def reference(request: pytest.FixtureRequest, case: Case, engine_checkpoint: EngineCheckpoint,
+              engine_run: engine.GroupRun, e2e: E2E) -> verdicts.LoadReference:
     """Load this cell's reference of a kind; under --update-references write it from the trusted source first."""
     s = request.config.stash[E2E_SETTINGS]
+    size = engine_checkpoint.size
 
     def load(kind: str) -> dict[str, Any]:
-        target = references.path(e2e.references, case.cell, kind)
+        target = references.path(e2e.references, case.cell, kind, size)
         if s.update_references and target not in s.written:
-            body, by = _trusted(case, kind, checkpoint_dir, engine_run, e2e)
-            references.write(e2e.references, case.cell, kind, body, by)
+            body, by = _trusted(case, kind, engine_checkpoint.path, engine_run, e2e)
+            references.write(e2e.references, case.cell, kind, body, by, size)
             s.written.add(target)
-        return references.load(e2e.references, case.cell, kind)
+        return references.load(e2e.references, case.cell, kind, size)
 
     return load
 

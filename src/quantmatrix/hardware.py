@@ -6,16 +6,18 @@ answers wins. Capability maps to exactly one family: sm120/sm121 are never "sm10
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from quantmatrix.errors import MatrixError
 from quantmatrix.matrix import Arch, Matrix
 
 ARCH_ENV = "QUANTMATRIX_ARCH"
+_INHERITED = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +85,11 @@ def query_nvidia_smi() -> list[Device] | None:
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(out: str) -> list[Device]:
+    """Rows of `index, name, compute_cap` as `--format=csv,noheader` prints them."""
     devices = []
     for line in out.strip().splitlines():
         idx, name, cap = (p.strip() for p in line.split(","))
@@ -125,3 +132,32 @@ def detect(matrix: Matrix, override: str | None = None) -> Host:
         if host is not None:
             return host
     raise AssertionError("the torch provider always answers")
+
+
+@contextlib.contextmanager
+def simulate(arch: Arch) -> Iterator[None]:
+    """Make vLLM's platform report a CUDA device of `arch`'s capability, for CPU-only layer checks.
+
+    vLLM's has/is_device_capability helpers derive from get_device_capability, and backend oracles gate on
+    is_cuda / is_cuda_alike. Import vLLM's quantization modules *before* entering (some evaluate
+    capability-dependent constants at import). The platform is restored on exit, and a simulation that does not
+    take (a vLLM upgrade moved the seams) raises AdapterMismatch instead of silently checking the CPU platform.
+    """
+    from quantmatrix import vllm_adapter
+
+    platform_cls, device_capability = vllm_adapter.platform_seams()
+    names = ("get_device_capability", "is_cuda", "is_cuda_alike")
+    saved = {name: platform_cls.__dict__.get(name, _INHERITED) for name in names}
+    cap = device_capability(*arch.capability)
+    platform_cls.get_device_capability = classmethod(lambda cls, device_id=0: cap)
+    platform_cls.is_cuda = lambda self: True
+    platform_cls.is_cuda_alike = lambda self: True
+    try:
+        vllm_adapter.check_simulation(arch.capability)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is _INHERITED:
+                delattr(platform_cls, name)
+            else:
+                setattr(platform_cls, name, value)

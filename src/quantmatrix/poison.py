@@ -140,8 +140,11 @@ def still_poisoned(t: torch.Tensor, name: str) -> dict[str, Any] | None:
         "torch."), "full": count == t.numel(), "rows": rows}
 
 
-def audit_after_load(model: torch.nn.Module, name: str, is_moe: Callable[[torch.nn.Module], bool]) -> None:
-    """Record, per MoE layer, every parameter that still holds the value; elsewhere, the fully poisoned ones."""
+def audit_after_load(model: torch.nn.Module, name: str, is_moe: Callable[[torch.nn.Module], bool],
+                     role_of: Callable[[str], str]) -> None:
+    """Record, per MoE layer, every parameter that still holds the value, with the role a kernel reads it in
+    (weight, block_scale, global_scale, input_scale: what the audit matches against a backend's reads);
+    elsewhere, the fully poisoned ones."""
     moe_params: set[int] = set()
     for layer_name, module in model.named_modules():
         if not is_moe(module):
@@ -151,7 +154,7 @@ def audit_after_load(model: torch.nn.Module, name: str, is_moe: Callable[[torch.
             moe_params.add(id(p))
             hit = still_poisoned(p, name)
             if hit is not None:
-                found[pname] = hit
+                found[pname] = {**hit, "role": role_of(pname)}
         STATE.after_load[layer_name] = found
     for pname, p in model.named_parameters():
         if id(p) not in moe_params:
@@ -187,7 +190,7 @@ def register(source: str = "vllm.general_plugins") -> None:
 
     @functools.wraps(post_load)
     def audit_then_process(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        audit_after_load(model, STATE.requested, vllm_adapter.is_moe_layer)
+        audit_after_load(model, STATE.requested, vllm_adapter.is_moe_layer, vllm_adapter.role_of)
         return post_load(model, *args, **kwargs)
 
     setattr(module, build_name, build_poisoned)

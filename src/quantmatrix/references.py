@@ -3,6 +3,8 @@
 
     <references>/<checkpoint>/<scheme>/<mode>/outputs.json   greedy continuations with top-k logprobs
     <references>/<checkpoint>/<scheme>/<mode>/accuracy.json  task accuracy (correct, n) of a real checkpoint
+    <references>/<checkpoint>/<scheme>/<mode>/outputs.gpu_tiny.json   the same, for the GPU-sized twin the
+                                                                      engine runs on CUDA hosts
 
 A trusted run is named by the checkpoint's `reference` expectation: `transformers` (HF transformers, greedy,
 on the checkpoint's bf16 weights or its dequantized/ export: independent of vLLM and of the hardware) or
@@ -27,13 +29,14 @@ class ReferenceMissing(QuantmatrixError):
     """No reference (or a stale one) for a cell; the message says how to write it."""
 
 
-def path(root: Path, cell: Cell, kind: str) -> Path:
+def path(root: Path, cell: Cell, kind: str, size: str | None = None) -> Path:
+    """`size`: the synthetic size the engine ran when it is not the checkpoint's own (other weights)."""
     ck = cell.checkpoint
-    return root / ck.id / ck.scheme.name / cell.mode.name / f"{kind}.json"
+    return root / ck.id / ck.scheme.name / cell.mode.name / f"{kind}{'.' + size if size else ''}.json"
 
 
-def load(root: Path, cell: Cell, kind: str) -> dict[str, Any]:
-    p = path(root, cell, kind)
+def load(root: Path, cell: Cell, kind: str, size: str | None = None) -> dict[str, Any]:
+    p = path(root, cell, kind, size)
     how = (f"write it from a trusted run: pytest suites -k '{cell.id}' --update-references "
            f"(source: {cell.checkpoint.expectation('reference')})")
     if not p.is_file():
@@ -46,9 +49,10 @@ def load(root: Path, cell: Cell, kind: str) -> dict[str, Any]:
     return data
 
 
-def write(root: Path, cell: Cell, kind: str, body: dict[str, Any], produced_by: dict[str, Any]) -> Path:
+def write(root: Path, cell: Cell, kind: str, body: dict[str, Any], produced_by: dict[str, Any],
+          size: str | None = None) -> Path:
     """Atomically (temp + os.replace): a concurrent reader sees the old file or the new one."""
-    p = path(root, cell, kind)
+    p = path(root, cell, kind, size)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = {"checkpoint": cell.checkpoint.id, "scheme": cell.checkpoint.scheme.name, "mode": cell.mode.name,
             "produced_by": {**produced_by, "date": datetime.date.today().isoformat()}, **body}
@@ -91,5 +95,6 @@ def transformers_greedy(model_dir: Path, prompts: Sequence[str], max_tokens: int
                 seq = torch.tensor([[nxt]])
             outputs.append({"prompt_token_ids": ids, "token_ids": tokens, "logprobs": logprobs,
                             "text": tok.decode(tokens)})
+    weights = "dequantized/" if model_dir.name == DEQUANTIZED else "the checkpoint's own bf16 weights"
     return {"outputs": outputs, "produced_by": {"source": "transformers", "transformers": transformers.__version__,
-                                                "torch": torch.__version__, "weights": str(model_dir)}}
+                                                "torch": torch.__version__, "weights": weights}}

@@ -11,6 +11,8 @@ import dataclasses
 import importlib.metadata
 import os
 import platform
+import re
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -88,12 +90,12 @@ def resolve(checkpoint_dir: Path) -> Resolution:
         config = get_quant_config(model_config, LoadConfig())
     except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError) as e:
         # pydantic's ValidationError is a ValueError; these are vLLM refusing the config.
-        return Resolution("?", "", "", "rejected", _reason(e))
+        return Resolution("?", "", "", "rejected", reason(e))
     algo, scheme = classify(config)
     return Resolution(config.get_name(), type(config).__name__, algo, scheme)
 
 
-def _reason(error: Exception) -> str:
+def reason(error: Exception) -> str:
     """vLLM's own words, without pydantic's wrapping around them."""
     errors = getattr(error, "errors", None)
     if callable(errors):
@@ -123,6 +125,178 @@ def classify(config: Any) -> tuple[str, str]:
         return "NVFP4 (input_activations set)", "w4a4"
     raise AdapterMismatch(f"quantization config class {name} ({config.get_name()}) is not one quantmatrix "
                           "can classify: update quantmatrix/vllm_adapter.py")
+
+
+# ------------------------------------------------------------------------------ MoE layers on CPU
+
+# model_type -> (module, block class, submodule name of the MoE block in a decoder layer)
+_MOE_BLOCKS = {
+    "qwen3_moe": ("vllm.model_executor.models.qwen3_moe", "Qwen3MoeSparseMoeBlock", "mlp"),
+    "mixtral": ("vllm.model_executor.models.mixtral", "MixtralMoE", "block_sparse_moe"),
+}
+# vLLM's MoE parameter names (both producers) -> the role a kernel reads them in.
+_ROLES = (
+    (re.compile(r"w(13|2)_weight(_packed)?$"), "weight"),
+    (re.compile(r"w(13|2)_weight_scale$"), "block_scale"),
+    (re.compile(r"w(13|2)_(weight_scale_2|weight_global_scale)$"), "global_scale"),
+    (re.compile(r"w(13|2)_(input_scale|input_global_scale)$"), "input_scale"),
+)
+_PRE_IMPORTS = (
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
+    "vllm.model_executor.layers.quantization.online.base",
+    "vllm.model_executor.models.utils",
+    *(m for m, _, _ in _MOE_BLOCKS.values()),
+)
+
+
+def platform_seams() -> tuple[type, Any]:
+    """The platform class whose capability queries the simulation patches, and vLLM's DeviceCapability."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.platforms.interface import DeviceCapability
+    except ImportError as e:
+        raise AdapterMismatch(f"vLLM platform seams moved ({e}); update quantmatrix/vllm_adapter.py") from e
+    cls = type(current_platform)
+    for name in ("get_device_capability", "is_cuda", "is_cuda_alike", "has_device_capability"):
+        if not hasattr(cls, name):
+            raise AdapterMismatch(f"{cls.__name__} has no {name}: the capability simulation no longer fits")
+    return cls, DeviceCapability
+
+
+def check_simulation(capability: tuple[int, int]) -> None:
+    """Prove the simulation took: vLLM's own helpers must now answer for the simulated arch."""
+    from vllm.platforms import current_platform
+
+    number = capability[0] * 10 + capability[1]
+    got = current_platform.get_device_capability()
+    if (got is None or tuple(got) != capability or not current_platform.is_cuda()
+            or not current_platform.has_device_capability(number)
+            or current_platform.has_device_capability(number + 1)):
+        raise AdapterMismatch(f"simulated capability {capability} did not take: vLLM's platform reports {got}; "
+                              "update quantmatrix/hardware.simulate")
+
+
+def role_of(param_name: str) -> str:
+    leaf = param_name.rsplit(".", 1)[-1]
+    return next((role for pattern, role in _ROLES if pattern.match(leaf)), "other")
+
+
+@dataclasses.dataclass
+class MoELayer:
+    """One real vLLM MoE block (router + RoutedExperts) built for a checkpoint under a simulated arch."""
+
+    block: Any  # torch.nn.Module
+    experts: Any  # vLLM's RoutedExperts
+    prefix: str  # checkpoint prefix of the block, e.g. "model.layers.0.mlp."
+    method: str  # MoE quant-method class
+    backend: str  # MoE kernel backend vLLM selected
+    weight_only: bool  # the method's own view: activations unquantized (use_a16)
+    vllm_config: Any
+    num_experts: int
+
+    def parameters(self) -> dict[str, Any]:
+        return dict(self.block.named_parameters())
+
+    def load(self, tensors: Iterable[tuple[str, Any]]) -> set[str]:
+        """Feed checkpoint tensors (checkpoint names) through vLLM's own loader and weight_loaders."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.models.utils import AutoWeightsLoader
+
+        local = [(name[len(self.prefix):], t) for name, t in tensors if name.startswith(self.prefix)]
+        with set_current_vllm_config(self.vllm_config):
+            return set(AutoWeightsLoader(self.block).load_weights(local))
+
+    def process_after_loading(self) -> Any:
+        """vLLM's post-processing into kernel format; returns the fused-MoE quant config (g1_alphas, ...)."""
+        from vllm.config import set_current_vllm_config
+
+        method = self.experts.quant_method
+        with set_current_vllm_config(self.vllm_config):
+            method.process_weights_after_loading(self.experts)
+            return method.get_fused_moe_quant_config(self.experts)
+
+
+_distributed_ready = False
+
+
+def _ensure_distributed(vllm_config: Any) -> None:
+    """A world-size-1 gloo group, once per process: vLLM's MoE layers read their parallel groups at build."""
+    global _distributed_ready
+    if _distributed_ready:
+        return
+    import tempfile
+
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    init_file = tempfile.NamedTemporaryFile(prefix="quantmatrix-gloo-", delete=False).name
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{init_file}")
+    initialize_model_parallel(1, 1)
+    _distributed_ready = True
+
+
+def prepare_layer_build(checkpoint_dir: Path) -> Any:
+    """Import everything capability-sensitive and parse the model config BEFORE the platform is patched."""
+    import importlib
+
+    for module in _PRE_IMPORTS:
+        importlib.import_module(module)
+    ModelConfig, _, _ = _vllm_entry_points()
+    return ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, dtype="bfloat16")
+
+
+def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
+    """Build the MoE block vLLM's model class builds for this checkpoint; call inside hardware.simulate."""
+    import importlib
+
+    import torch
+    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    hf = model_config.hf_text_config
+    spec = _MOE_BLOCKS.get(hf.model_type)
+    if spec is None:
+        raise AdapterMismatch(f"no MoE block known for model_type {hf.model_type!r}; known: {sorted(_MOE_BLOCKS)}")
+    module, cls_name, sub = spec
+    block_cls = getattr(importlib.import_module(module), cls_name)
+    prefix = f"model.layers.{layer_index}.{sub}"
+    vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
+                             load_config=LoadConfig())
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
+        _ensure_distributed(vllm_config)
+        if cls_name == "MixtralMoE":
+            block = block_cls(num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
+                              hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
+                              quant_config=vllm_config.quant_config, prefix=prefix)
+        else:
+            block = block_cls(vllm_config=vllm_config, prefix=prefix)
+    experts = next((m for m in block.modules() if type(m).__name__ == "RoutedExperts"), None)
+    if experts is None:
+        raise AdapterMismatch(f"{cls_name} holds no RoutedExperts module: the MoE layer API moved")
+    method = experts.quant_method
+    backend = getattr(method, "nvfp4_backend", None)
+    return MoELayer(block, experts, prefix + ".", type(method).__name__,
+                    getattr(backend, "value", str(backend)) if backend is not None else "none",
+                    _method_weight_only(method), vllm_config, experts.moe_config.num_experts)
+
+
+def moe_layer_indices(model_config: Any) -> list[int]:
+    """Decoder layers whose MLP is a routed MoE block (Qwen3-MoE may keep some dense: mlp_only_layers)."""
+    hf = model_config.hf_text_config
+    dense = set(getattr(hf, "mlp_only_layers", None) or ())
+    step = getattr(hf, "decoder_sparse_step", 1) or 1
+    return [i for i in range(hf.num_hidden_layers) if i not in dense and (i + 1) % step == 0]
+
+
+def _method_weight_only(method: Any) -> bool:
+    """ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod both say it with `use_a16`."""
+    name = type(method).__name__
+    if name == "UnquantizedFusedMoEMethod":
+        return False
+    if not hasattr(method, "use_a16"):
+        raise AdapterMismatch(f"MoE method {name} has no use_a16: update quantmatrix/vllm_adapter.py")
+    return bool(method.use_a16)
 
 
 # ------------------------------------------------------------------------------------ inside the engine

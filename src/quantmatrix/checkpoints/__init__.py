@@ -27,20 +27,8 @@ def cache_root() -> Path:
 
 
 def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
-    """The factory spec of a synthetic checkpoint; combinations no producer writes are matrix errors."""
-    raw = dict(checkpoint.source.value)
-    spec = SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **raw)
-    where = checkpoint.source.where
-    if spec.form == "legacy" and spec.producer != "modelopt":
-        raise MatrixError(f"{where}: form 'legacy' (hf_quant_config.json) exists only for producer modelopt")
-    if spec.quant_algo is not None and spec.producer != "modelopt":
-        raise MatrixError(f"{where}: quant_algo is a ModelOpt key; producer is {spec.producer!r}")
-    if (spec.scheme == "bf16") != (spec.producer == "none"):
-        raise MatrixError(f"{where}: scheme bf16 goes with producer none (and only it)")
-    if spec.producer == "none" and (spec.omit_tensors or spec.input_scales != "auto"):
-        raise MatrixError(f"{where}: omit_tensors and input_scales act on NVFP4 tensors; a bf16 checkpoint "
-                          "has none (corrupt_tensors works on its bf16 weights)")
-    return spec
+    """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones)."""
+    return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **checkpoint.source.value)
 
 
 def base_spec(spec: SyntheticSpec) -> SyntheticSpec:
@@ -111,7 +99,8 @@ def write(spec: SyntheticSpec, out: Path) -> None:
         tensors = export.faulty(spec, family.tensors)
         base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, tensors, family.tokenizer)
         return
-    exported = export.export(spec, family)
+    with base.one_thread():
+        exported = export.export(spec, family)
     base.write_hf(out, files, exported.tensors, family.tokenizer)
     (out / DEQUANTIZED).mkdir()
     base.write_hf(out / DEQUANTIZED, config_files(base_spec(spec)), exported.dequantized, family.tokenizer)

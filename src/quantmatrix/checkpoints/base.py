@@ -7,12 +7,14 @@ anything is derived from them, so a naming or shape mistake fails here, not in a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import math
 import tempfile
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -203,22 +205,36 @@ def encode(path_or_tokenizer: Path | dict[str, str], texts: list[str]) -> list[l
     return [tok.encode(t).ids for t in texts]
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Tiny forwards on one intra-op thread: 5x faster than two contending ones on a 2-core runner, and the
+    reduction order (hence the recorded greedy tokens) no longer depends on the machine's core count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.no_grad()
 def greedy(model: Any, input_ids: list[list[int]], steps: int = GREEDY_TOKENS) -> list[list[int]]:
     """Argmax continuation without a KV cache or stop tokens: the plainest greedy there is."""
     out = []
-    for ids in input_ids:
-        seq = torch.tensor([ids])
-        for _ in range(steps):
-            nxt = model(seq).logits[0, -1].argmax()
-            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
-        out.append(seq[0, len(ids):].tolist())
+    with one_thread():
+        for ids in input_ids:
+            seq = torch.tensor([ids])
+            for _ in range(steps):
+                nxt = model(seq).logits[0, -1].argmax()
+                seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+            out.append(seq[0, len(ids):].tolist())
     return out
 
 
 @torch.no_grad()
 def logits(model: Any, input_ids: list[list[int]]) -> list[torch.Tensor]:
-    return [model(torch.tensor([ids])).logits[0].float() for ids in input_ids]
+    with one_thread():
+        return [model(torch.tensor([ids])).logits[0].float() for ids in input_ids]
 
 
 def _calibrate(model: Any, lay: Layout, d: Dims, input_ids: list[list[int]]) -> dict[str, dict[str, float]]:
@@ -274,7 +290,8 @@ def base(model: str, size: str, seed: int) -> Base:
     files = config_files(SyntheticSpec(producer="none", scheme="bf16", model=model, size=size))
     config = files["config.json"]
     d = dims(config)
-    tensors = bf16_tensors(model, config, seed)
+    with one_thread():
+        tensors = bf16_tensors(model, config, seed)
     tok = tokenizer_files(d.vocab)
     ids = encode(tok, prompts())
     with tempfile.TemporaryDirectory(prefix="quantmatrix-base-") as tmp:

@@ -57,6 +57,19 @@ class SyntheticSpec:
             return self.input_activations
         return "quantized" if self.scheme == "nvfp4_w4a4" else "null"
 
+    def problem(self) -> str | None:
+        """Why no producer would write this combination, or None."""
+        if self.form == "legacy" and self.producer != "modelopt":
+            return "form 'legacy' (hf_quant_config.json) exists only for producer modelopt"
+        if self.quant_algo is not None and self.producer != "modelopt":
+            return f"quant_algo is a ModelOpt key; producer is {self.producer!r}"
+        if (self.scheme == "bf16") != (self.producer == "none"):
+            return "scheme bf16 goes with producer none (and only it)"
+        if self.producer == "none" and (self.omit_tensors or self.input_scales != "auto"):
+            return ("omit_tensors and input_scales act on NVFP4 tensors; a bf16 checkpoint has none "
+                    "(corrupt_tensors works on its bf16 weights)")
+        return None
+
     def digest(self) -> str:
         blob = json.dumps({"spec": dataclasses.asdict(self), "factory": FACTORY_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()

@@ -1,0 +1,391 @@
+"""Checkpoint lint: the scheme a checkpoint's config declares against the tensors its files hold, per module
+and per expert.
+
+It reads safetensors headers (and the few bytes of per-tensor scales), never the weights, so it runs on a
+real 30B export in a second. The declaration is read the way vLLM reads it (weight-only when ModelOpt's
+quant_algo is W4A16_NVFP4 or every config group's input_activations is None; compressed-tensors: a falsy
+input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import json
+import math
+import re
+import struct
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CODES = ("config", "missing_tensor", "unexpected_tensor", "bad_dtype", "bad_shape", "bad_value", "unquantized",
+         "quantized_but_ignored", "inconsistent")
+_LEAVES = {
+    "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
+    "compressed-tensors": {"weight": "weight_packed", "scale_2": "weight_global_scale",
+                           "input": "input_global_scale"},
+}
+_NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
+                 "input_global_scale"}
+_ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
+_EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
+                "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
+_EXPERT = re.compile(r"\.layers\.(\d+)\..*\.experts\.(\d+)\.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """One tensor as its file's header describes it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: Path
+    offset: int  # absolute byte offset of the data in `file`
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    code: str
+    module: str
+    tensor: str  # the tensor's last name component, "" for the config
+    message: str
+
+    @property
+    def layer_expert(self) -> tuple[int, int] | None:
+        m = _EXPERT.search(self.module + ".")
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def __str__(self) -> str:
+        le = self.layer_expert
+        where = f" [layer {le[0]}, expert {le[1]}]" if le else ""
+        return f"{self.module}{where} {self.tensor or '(config)'}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """What the config says, in vLLM's reading."""
+
+    producer: str  # modelopt | compressed-tensors | none
+    scheme: str  # weight_only | w4a4 | unquantized
+    why: str
+    ignore: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class Report:
+    path: Path
+    declared: Declared
+    tensors: int
+    files: int
+    nvfp4_modules: int
+    findings: list[Finding]
+
+    def codes(self) -> set[str]:
+        return {f.code for f in self.findings}
+
+    def render(self) -> str:
+        d = self.declared
+        lines = [f"quantmatrix lint {self.path}",
+                 f"declared: {d.producer} {d.scheme} ({d.why}); ignore: {', '.join(d.ignore) or '-'}",
+                 f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} NVFP4 "
+                 "modules (headers and per-tensor scales only)"]
+        if not self.findings:
+            return "\n".join([*lines, "OK: every tensor agrees with the declared scheme"])
+        counts: dict[str, int] = {}
+        for f in self.findings:
+            counts[f.code] = counts.get(f.code, 0) + 1
+        summary = ", ".join(f"{c} {n}" for c, n in sorted(counts.items()))
+        return "\n".join([*lines, f"FAIL: {len(self.findings)} finding(s) ({summary})",
+                          *(f"  {f}" for f in self.findings)])
+
+
+class LintError(Exception):
+    """The directory cannot be linted at all (no config, unreadable header)."""
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
+    """Every tensor of every top-level *.safetensors file, from the headers alone."""
+    files = sorted(path.glob("*.safetensors"))
+    tensors: dict[str, Tensor] = {}
+    findings = []
+    for file in files:
+        with file.open("rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise LintError(f"{file}: too short for a safetensors header")
+            (size,) = struct.unpack("<Q", raw)
+            try:
+                header = json.loads(fh.read(size))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise LintError(f"{file}: unreadable safetensors header ({e})") from None
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            t = Tensor(name, meta["dtype"], tuple(meta["shape"]), file, 8 + size + meta["data_offsets"][0])
+            if name in tensors:
+                findings.append(Finding("inconsistent", name.rpartition(".")[0], name.rpartition(".")[2],
+                                        f"stored twice ({tensors[name].file.name} and {file.name})"))
+            tensors[name] = t
+    return tensors, findings, len(files)
+
+
+def _read(t: Tensor, count: int) -> bytes:
+    with t.file.open("rb") as fh:
+        fh.seek(t.offset)
+        return fh.read(count * _DTYPE_BYTES[t.dtype])
+
+
+def scalar(t: Tensor) -> float:
+    """The value of a one-element F32 tensor."""
+    return struct.unpack("<f", _read(t, 1))[0]
+
+
+# -------------------------------------------------------------------------------------- declaration
+
+
+def _activations(group: Any) -> str:
+    if not isinstance(group, dict) or "input_activations" not in group:
+        return "missing"
+    acts = group["input_activations"]
+    return "null" if acts is None else ("empty" if acts == {} else "quantized")
+
+
+def declared(path: Path) -> tuple[Declared, list[Finding]]:
+    """The config's scheme, read as vLLM reads it, plus config-level findings."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise LintError(f"{path}: cannot read config.json ({e})") from None
+    qc = cfg.get("quantization_config")
+    legacy = path / "hf_quant_config.json"
+    findings: list[Finding] = []
+    if qc is None and legacy.is_file():
+        inner = json.loads(legacy.read_text()).get("quantization", {})
+        algo = inner.get("quant_algo")
+        ignore = tuple(inner.get("exclude_modules") or ())
+        scheme = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}.get(algo)
+        if scheme is None:
+            raise LintError(f"{legacy}: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
+        return Declared("modelopt", scheme, f"hf_quant_config.json quant_algo {algo}, no config_groups",
+                        ignore), findings
+    if qc is None:
+        return Declared("none", "unquantized", "config.json has no quantization_config", ()), findings
+    method = qc.get("quant_method")
+    groups = qc.get("config_groups") or {}
+    acts = {name: _activations(g) for name, g in groups.items()} if isinstance(groups, dict) else {}
+    shape = ", ".join(f"{n} input_activations {a}" for n, a in acts.items()) or (
+        "config_groups empty" if "config_groups" in qc else "config_groups missing")
+    if method == "modelopt":
+        algo = qc.get("quant_algo")
+        ignore = tuple(qc.get("ignore") or qc.get("exclude_modules") or ())
+        if algo == "W4A16_NVFP4":
+            scheme = "weight_only"
+        elif algo == "NVFP4":
+            none = [a in ("null", "missing") for a in acts.values()]
+            scheme = "weight_only" if none and all(none) else "w4a4"
+            if any(none) and not all(none):
+                findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); "
+                                        "vLLM promotes to weight-only only when every group says None, so "
+                                        "it runs all of them W4A4"))
+        else:
+            raise LintError(f"{path}/config.json: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
+        return Declared("modelopt", scheme, f"config.json quant_algo {algo}, {shape}", ignore), findings
+    if method == "compressed-tensors":
+        fmt = qc.get("format")
+        if fmt != "nvfp4-pack-quantized":
+            raise LintError(f"{path}/config.json: compressed-tensors format {fmt!r} is not nvfp4-pack-quantized")
+        kinds = {"w4a4" if a == "quantized" else "weight_only" for a in acts.values()}
+        if len(kinds) > 1:
+            findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); this lint "
+                                    "checks every module against W4A4"))
+        scheme = "w4a4" if "w4a4" in kinds else "weight_only"
+        return Declared("compressed-tensors", scheme, f"config.json format {fmt}, {shape}",
+                        tuple(qc.get("ignore") or ())), findings
+    raise LintError(f"{path}/config.json: quant_method {method!r} is neither modelopt nor compressed-tensors")
+
+
+def ignored(module: str, patterns: Iterable[str]) -> bool:
+    """ModelOpt globs, compressed-tensors `re:` regexes, or plain names (also matching as a prefix)."""
+    for p in patterns:
+        if p.startswith("re:"):
+            if re.match(p[3:], module):
+                return True
+        elif fnmatch.fnmatchcase(module, p) or module == p or module.startswith(p + "."):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def _scheme_words(d: Declared) -> str:
+    return {"w4a4": "W4A4", "weight_only": "weight-only"}.get(d.scheme, d.scheme) + f" ({d.why})"
+
+
+def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
+    names = _LEAVES[d.producer]
+    out: list[Finding] = []
+
+    def bad(code: str, leaf: str, message: str) -> None:
+        out.append(Finding(code, module, leaf, message))
+
+    required = [names["weight"], "weight_scale", names["scale_2"]]
+    if d.scheme == "w4a4":
+        required.append(names["input"])
+    for leaf in required:
+        if leaf not in leaves:
+            why = ""
+            if leaf == names["input"]:
+                why = ("; vLLM's W4A4 MoE kernels fold it into the dequant alphas, so the buffer it never "
+                       "loaded (uninitialised memory) would scale this expert")
+            bad("missing_tensor", leaf, f"missing; the config declares {_scheme_words(d)}{why}")
+    if d.scheme == "weight_only" and names["input"] in leaves:
+        bad("unexpected_tensor", names["input"], f"present, but the config declares {_scheme_words(d)}: vLLM's "
+            "weight-only path discards it, so the export and its config disagree about the activations")
+    other = {v for p, n in _LEAVES.items() if p != d.producer for v in n.values()} - set(names.values())
+    for leaf in sorted(set(leaves) - set(required) - {names["input"]} - _ALLOWED_EXTRA):
+        hint = " (a name of the other producer)" if leaf in other else ""
+        bad("unexpected_tensor", leaf, f"not part of a {d.producer} NVFP4 module{hint}")
+
+    w, s = leaves.get(names["weight"]), leaves.get("weight_scale")
+    if w is not None and (w.dtype != "U8" or len(w.shape) != 2):
+        bad("bad_dtype" if w.dtype != "U8" else "bad_shape", w.name.rpartition(".")[2],
+            f"is {w.dtype} {list(w.shape)}; packed e2m1 is U8 [out, in/2]")
+    if s is not None:
+        if s.dtype != "F8_E4M3":
+            bad("bad_dtype", "weight_scale", f"is {s.dtype}; block scales are F8_E4M3")
+        if w is not None and len(w.shape) == 2 and s.shape != (w.shape[0], w.shape[1] * 2 // 16):
+            bad("bad_shape", "weight_scale", f"is {list(s.shape)}, expected {[w.shape[0], w.shape[1] * 2 // 16]} "
+                f"(one per 16 inputs of {names['weight']} {list(w.shape)})")
+        elif block_scales and s.dtype == "F8_E4M3":
+            raw = _read(s, s.numel)
+            nan = sum(raw.count(b) for b in (b"\x7f", b"\xff"))
+            zero = sum(raw.count(b) for b in (b"\x00", b"\x80"))
+            if nan or zero:
+                bad("bad_value", "weight_scale", f"{nan} NaN and {zero} zero of {s.numel} block scales")
+    for leaf in (names["scale_2"], names["input"]):
+        t = leaves.get(leaf)
+        if t is None:
+            continue
+        if t.dtype != "F32":
+            bad("bad_dtype", leaf, f"is {t.dtype}; per-tensor scales are F32")
+        elif t.numel != 1:
+            bad("bad_shape", leaf, f"is {list(t.shape)}; a per-tensor scale has one element")
+        else:
+            v = scalar(t)
+            if not math.isfinite(v) or v <= 0:
+                bad("bad_value", leaf, f"is {v!r}; a scale must be finite and > 0")
+    return out
+
+
+def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]) -> list[Finding]:
+    """Every expert of every MoE layer has the same projections as its siblings, and as many experts as
+    config.json says."""
+    n = config.get("num_experts") or config.get("num_local_experts")
+    layers: dict[str, dict[int, set[str]]] = {}
+    for module in modules:
+        head, sep, tail = module.partition(".experts.")
+        idx, _, proj = tail.partition(".")
+        if sep and idx.isdigit() and proj:
+            layers.setdefault(head, {}).setdefault(int(idx), set()).add(proj)
+    out = []
+    for head, experts in layers.items():
+        projs = set().union(*experts.values())
+        for e in range(n or 0):
+            for proj in sorted(projs - experts.get(e, set())):
+                out.append(Finding("missing_tensor", f"{head}.experts.{e}.{proj}", "", f"no tensors at all; "
+                                   f"config.json says {n} experts and siblings have {proj}"))
+    return out
+
+
+def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Finding]:
+    """An expert's gate and up projections share one input and one global scale (vLLM keeps one per w13)."""
+    pairs = (("gate_proj", "up_proj"), ("w1", "w3"))
+    leaf = _LEAVES[d.producer]["scale_2"]
+    out = []
+    for module, leaves in modules.items():
+        for a, b in pairs:
+            if not module.endswith(f".{a}") or ".experts." not in module:
+                continue
+            other = modules.get(module[: -len(a)] + b, {})
+            ta, tb = leaves.get(leaf), other.get(leaf)
+            if ta and tb and ta.numel == tb.numel == 1 and ta.dtype == tb.dtype == "F32":
+                va, vb = scalar(ta), scalar(tb)
+                if va != vb and math.isfinite(va) and math.isfinite(vb):
+                    out.append(Finding("inconsistent", module, leaf, f"{va!r} but {b} has {vb!r}; vLLM uses one "
+                                       f"value for the fused {a}/{b} weight (warns, takes one of them)"))
+    return out
+
+
+def lint(path: Path, block_scales: bool = False) -> Report:
+    """Lint one checkpoint directory."""
+    path = Path(path)
+    d, findings = declared(path)
+    tensors, dupes, nfiles = read_headers(path)
+    if not tensors:
+        raise LintError(f"{path}: no *.safetensors files with tensors")
+    findings += dupes
+    config = json.loads((path / "config.json").read_text())
+    modules: dict[str, dict[str, Tensor]] = {}
+    for t in tensors.values():
+        module, _, leaf = t.name.rpartition(".")
+        modules.setdefault(module, {})[leaf] = t
+    nvfp4 = 0
+    for module, leaves in modules.items():
+        weight = leaves.get("weight")
+        is_nvfp4 = bool(_NVFP4_LEAVES & set(leaves)) or (weight is not None and weight.dtype == "U8")
+        nvfp4 += is_nvfp4
+        if d.scheme == "unquantized":
+            if is_nvfp4:
+                findings.append(Finding("unexpected_tensor", module, "", "holds NVFP4 tensors "
+                                        f"({', '.join(sorted(leaves))}) but the config declares no quantization"))
+        elif ignored(module, d.ignore):
+            if is_nvfp4:
+                findings.append(Finding("quantized_but_ignored", module, "", "matches the config's ignore list "
+                                        f"but holds NVFP4 tensors ({', '.join(sorted(leaves))})"))
+        elif is_nvfp4:
+            findings += _check_module(module, leaves, d, block_scales)
+        else:
+            w = leaves.get("weight")
+            if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS):
+                findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
+                                        "scales, but the config quantizes every Linear it does not ignore"))
+    findings += _check_experts(modules, config)
+    if d.scheme != "unquantized":
+        findings += _check_fused(modules, d)
+    return Report(path, d, len(tensors), nfiles, nvfp4, findings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`quantmatrix lint DIR`: 0 clean, 1 findings, 2 cannot lint."""
+    parser = argparse.ArgumentParser(prog="quantmatrix lint", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dir", type=Path, help="checkpoint directory (config.json + *.safetensors)")
+    parser.add_argument("--block-scales", action="store_true",
+                        help="also read every F8_E4M3 block scale and report NaN / zero ones (reads ~1/32 of "
+                             "the weights' bytes)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    args = parser.parse_args(argv)
+    try:
+        report = lint(args.dir, block_scales=args.block_scales)
+    except LintError as e:
+        print(f"quantmatrix lint: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"path": str(report.path), "declared": dataclasses.asdict(report.declared),
+                          "findings": [dataclasses.asdict(f) | {"layer_expert": f.layer_expert}
+                                       for f in report.findings]}, indent=2))
+    else:
+        print(report.render())
+    return 1 if report.findings else 0

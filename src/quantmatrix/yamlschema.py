@@ -1,0 +1,165 @@
+"""Validated YAML: files composed into nodes (safe tags only, nothing constructed) and converted node by node,
+so every error names file:line:column, the key, what was expected and, for a misspelt key, the closest one."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantmatrix.errors import MatrixError
+
+_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def closest(word: str, options: Iterable[str]) -> str:
+    hit = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {hit[0]!r}?)" if hit else ""
+
+
+class Doc:
+    """One YAML file being validated: turns nodes into values, errors into file:line:column messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    def where(self, node: yaml.Node) -> str:
+        m = node.start_mark
+        return f"{self.path}:{m.line + 1}:{m.column + 1}"
+
+    def error(self, node: yaml.Node, message: str) -> MatrixError:
+        return MatrixError(f"{self.where(node)}: {message}")
+
+    def scalar(self, node: yaml.Node, what: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.error(node, f"{what}: expected a single value, got {kind(node)}")
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.constructor.ConstructorError as e:
+            raise self.error(node, f"{what}: {e.problem}") from None
+
+    def typed(self, node: yaml.Node, what: str, types: tuple[type, ...], expected: str) -> Any:
+        value = self.scalar(node, what)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise self.error(node, f"{what}: expected {expected}, got {show(value)}")
+        return value
+
+    def mapping(self, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        """The (key, key node, value node) triples of a mapping; duplicate keys are an error."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.error(node, f"{what}: expected a mapping, got {kind(node)}")
+        seen: dict[str, yaml.Node] = {}
+        out = []
+        for knode, vnode in node.value:
+            key = self.scalar(knode, f"{what} key")
+            if not isinstance(key, str):
+                raise self.error(knode, f"{what}: keys must be strings, got {show(key)}")
+            if key in seen:
+                raise self.error(knode, f"{what}: duplicate key {key!r} (first at line "
+                                        f"{seen[key].start_mark.line + 1})")
+            seen[key] = knode
+            out.append((key, knode, vnode))
+        return out
+
+    def sequence(self, node: yaml.Node, what: str) -> list[yaml.Node]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.error(node, f"{what}: expected a list, got {kind(node)}")
+        return list(node.value)
+
+    def record(self, node: yaml.Node, what: str, fields: Mapping[str, Field]) -> dict[str, Any]:
+        """Validate a mapping against `fields`: unknown keys, missing keys and wrong types are errors."""
+        out: dict[str, Any] = {}
+        for key, knode, vnode in self.mapping(node, what):
+            field = fields.get(key)
+            if field is None:
+                raise self.error(knode, f"{what}: unknown key {key!r}{closest(key, fields)}; "
+                                        f"expected one of: {', '.join(fields)}")
+            out[key] = field.convert(self, vnode, f"{what}.{key}")
+            out[f"@{key}"] = vnode
+        for key, field in fields.items():
+            if key not in out:
+                if field.required:
+                    raise self.error(node, f"{what}: missing required key {key!r} ({field.help})")
+                out[key] = field.default() if callable(field.default) else field.default
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    convert: Callable[[Doc, yaml.Node, str], Any]
+    help: str
+    required: bool = True
+    default: Any = None
+
+
+def kind(node: yaml.Node) -> str:
+    return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(type(node), "a single value")
+
+
+def show(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def as_text(doc: Doc, node: yaml.Node, what: str) -> str:
+    return doc.typed(node, what, (str,), "a string")
+
+
+def matching(regex: re.Pattern[str], expected: str) -> Callable[[Doc, yaml.Node, str], str]:
+    def convert(doc: Doc, node: yaml.Node, what: str) -> str:
+        value = as_text(doc, node, what)
+        if not regex.match(value):
+            raise doc.error(node, f"{what}: {value!r} is not {expected}")
+        return value
+    return convert
+
+
+def as_bool(doc: Doc, node: yaml.Node, what: str) -> bool:
+    return doc.typed(node, what, (bool,), "true or false")
+
+
+def one_of(options: Iterable[str]) -> Callable[[Doc, yaml.Node, str], str]:
+    opts = tuple(options)
+
+    def convert(doc: Doc, node: yaml.Node, what: str) -> str:
+        value = doc.scalar(node, what)
+        if value not in opts:
+            hint = closest(value, opts) if isinstance(value, str) else ""
+            raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
+        return value
+    return convert
+
+
+def list_of(item: Callable[[Doc, yaml.Node, str], Any]) -> Callable[[Doc, yaml.Node, str], tuple]:
+    def convert(doc: Doc, node: yaml.Node, what: str) -> tuple:
+        return tuple(item(doc, n, f"{what}[{i}]") for i, n in enumerate(doc.sequence(node, what)))
+    return convert
+
+
+def env_vars(doc: Doc, node: yaml.Node, what: str) -> dict[str, str]:
+    out = {}
+    for key, knode, vnode in doc.mapping(node, what):
+        if not _ENV.match(key):
+            raise doc.error(knode, f"{what}: {key!r} is not an environment variable name")
+        value = doc.scalar(vnode, f"{what}.{key}")
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {show(value)}")
+        out[key] = str(value)
+    return out
+
+
+def scalar_map(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
+
+
+def as_date(doc: Doc, node: yaml.Node, what: str) -> datetime.date:
+    value = doc.scalar(node, what)
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value
+    raise doc.error(node, f"{what}: expected a date YYYY-MM-DD, got {show(value)}")

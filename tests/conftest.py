@@ -1,0 +1,151 @@
+"""Shared by the report tests: real JUnit files, written by pytest running small generated suites.
+
+The generated conftest stands in for the quantmatrix plugin exactly where the report depends on it: it
+adds the per-case properties through `item.user_properties` (so they travel with xdist reports), marks
+waived cases `xfail(strict=False)`, and stamps host properties into the finished file from the controller
+with `stamp_testsuite_properties` (trylast `pytest_sessionfinish`, after pytest's LogXML wrote it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+PLUGIN_STANDIN = '''
+import json, os
+from pathlib import Path
+
+import pytest
+
+from quantmatrix.report import stamp_testsuite_properties
+
+SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
+HOST = SPEC["host"]
+WAIVER = {"waiver_reason": "FlashInfer MoE NaN on GB10", "waiver_link": "https://github.com/example/qm/issues/7"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "cell" not in params:
+            continue
+        cell = params["cell"]
+        checkpoint, _, arch_mode = cell.rpartition("@")
+        arch, _, mode = arch_mode.partition("-")
+        check = item.originalname.removeprefix("test_")
+        behaviour = SPEC["outcomes"].get(f"{check}[{cell}]", "pass")
+        props = {"checkpoint": checkpoint, "scheme": SPEC["schemes"].get(checkpoint, "nvfp4_weight_only"),
+                 "producer": "modelopt", "arch": arch, "mode": mode, "check": check,
+                 "kind": "e2e" if check.startswith("e2e") else "dispatch", "tier": "cpu", "cell": cell,
+                 "vllm_version": HOST["vllm_version"], "torch_version": HOST["torch_version"],
+                 "platform": "cpu", "device_name": SPEC["devices"].get(arch, ""), "device_capability": "",
+                 "runner": HOST["runner"], "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+        if behaviour in ("waive", "xpass", "stale"):
+            props |= WAIVER | {"waiver_expires": "2020-01-01" if behaviour == "stale" else "2099-12-31",
+                               "waiver_expired": "false"}
+            item.add_marker(pytest.mark.xfail(strict=False, reason=WAIVER["waiver_reason"]))
+        elif behaviour == "expired":
+            props |= WAIVER | {"waiver_expires": "2020-01-01", "waiver_expired": "true"}
+        item.user_properties.extend(props.items())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    xml = session.config.option.xmlpath
+    if xml and not hasattr(session.config, "workerinput"):
+        stamp_testsuite_properties(Path(xml), HOST)
+'''
+
+SUITE_HEAD = '''
+import json
+from pathlib import Path
+
+import pytest
+
+SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
+
+
+@pytest.fixture(params=SPEC["cells"], ids=SPEC["cells"])
+def cell(request):
+    return request.param
+
+
+@pytest.fixture
+def behaviour(request, cell):
+    b = SPEC["outcomes"].get(f"{request.node.originalname.removeprefix('test_')}[{cell}]", "pass")
+    if b == "error":
+        raise RuntimeError("engine start failed: out of GPU memory")
+    yield b
+    if b == "teardown_error":
+        raise RuntimeError("engine shutdown hung")
+
+
+def run_check(name, cell, behaviour, record_property):
+    record_property("quant_method", "modelopt_fp4")
+    record_property("moe_backend", "flashinfer_cutlass")
+    record_property("metric.max_abs_err", 0.0012)
+    record_property("time.load", 0.25)
+    tokens = SPEC["tokens"].get(f"{name}[{cell}]")
+    if tokens is not None:
+        record_property("greedy_token_ids", json.dumps(tokens))
+    if behaviour == "skip":
+        pytest.skip("needs 2 GPUs")
+    if behaviour != "pass" and behaviour != "xpass":
+        for step in range(60):
+            print(f"engine step {step} on {cell}")
+        assert False, f"{name} broke on {cell}"
+'''
+
+SUITE_CHECK = '''
+
+def test_{check}(cell, behaviour, record_property):
+    run_check("{check}", cell, behaviour, record_property)
+'''
+
+DEVICES = {"sm100": "NVIDIA B200", "sm120": "NVIDIA RTX PRO 6000 Blackwell", "sm121": "NVIDIA GB10",
+           "sm90": "NVIDIA H100"}
+
+
+class SuiteRunner:
+    """Runs a generated suite with pytest and returns the JUnit file it wrote."""
+
+    def __init__(self, pytester: pytest.Pytester) -> None:
+        self.pytester = pytester
+        self.junit = pytester.path / "junit"
+
+    def run(self, name: str, cells: Iterable[str], *, checks: Sequence[str] = ("config_dispatch",),
+            outcomes: Mapping[str, str] | None = None, tokens: Mapping[str, list[list[int]]] | None = None,
+            vllm: str = "0.11.1", runner: str = "runner-a", xdist: bool = False, args: Sequence[str] = (),
+            family: str = "xunit1", extra_test: str = "", schemes: Mapping[str, str] | None = None
+            ) -> pytest.RunResult:
+        """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error."""
+        spec = {"cells": list(cells), "outcomes": dict(outcomes or {}), "tokens": dict(tokens or {}),
+                "schemes": dict(schemes or {}), "devices": DEVICES,
+                "host": {"vllm_version": vllm, "torch_version": "2.9.1", "runner": runner, "run_id": name,
+                         "host_arch": "x86_64", "device_name": "cpu", "matrix": "matrix.yaml"}}
+        (self.pytester.path / "spec.json").write_text(json.dumps(spec))
+        self.pytester.makeconftest(PLUGIN_STANDIN)
+        self.pytester.makepyfile(test_suite=SUITE_HEAD + "".join(SUITE_CHECK.format(check=c) for c in checks)
+                                 + extra_test)
+        self.last = self.junit / f"{name}.xml"
+        argv = ["-p", "no:quantmatrix", "-p", "no:cacheprovider", f"--junitxml={self.last}",
+                "-o", f"junit_family={family}", *args]
+        if xdist:
+            result = self.pytester.runpytest_subprocess(*argv, "-n", "2")
+        else:
+            result = self.pytester.runpytest(*argv)
+        assert self.last.is_file(), result.stdout.str()
+        return result
+
+
+@pytest.fixture
+def junit_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> SuiteRunner:
+    # Subprocess runs (xdist) must import quantmatrix from this checkout whatever the cwd.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
+    return SuiteRunner(pytester)

@@ -1,0 +1,41 @@
+"""A small valid matrix for tests of quantmatrix itself, and a way to write variants of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SMALL = """\
+version: 1
+archs:
+  - {name: sm100, capability: "10.0", aliases: [b200], label: B200}
+  - {name: sm120, capability: "12.0", aliases: [rtx_pro_6000], label: RTX PRO 6000}
+  - {name: sm121, capability: "12.1", aliases: [gb10, dgx_spark], label: GB10 / DGX Spark}
+modes:
+  - {name: default, label: cudagraphs}
+  - name: nocache
+    env: {PYTORCH_NO_CUDA_MEMORY_CACHING: "1"}
+    engine_args: {enforce_eager: true}
+    label: no caching allocator
+schemes:
+  - {name: bf16, marker: bf16, label: bf16, expect: {quant_method: none, resolves_to: unquantized}}
+  - {name: nvfp4_weight_only, marker: weight_only, label: W4A16, expect: {resolves_to: weight_only}}
+  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4}}
+checks:
+  - {name: cpu_probe, kind: dispatch, tier: cpu, description: runs anywhere}
+  - {name: gpu_probe, kind: e2e, tier: gpu, schemes: [nvfp4_weight_only], description: needs the arch}
+checkpoints:
+  - id: tiny-wo
+    source: {synthetic: {model: qwen3_moe}}
+    producer: modelopt
+    scheme: nvfp4_weight_only
+  - id: tiny-w4a4
+    source: {synthetic: {model: qwen3_moe}}
+    producer: modelopt
+    scheme: nvfp4_w4a4
+"""
+
+
+def write(tmp: Path, text: str = SMALL, name: str = "m.yaml") -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path

@@ -1,0 +1,70 @@
+"""Synthetic checkpoints are content-addressed and written atomically; hub ids come from the local cache only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from matrixkit import write
+
+from quantmatrix import checkpoints
+from quantmatrix.errors import CheckpointUnavailable
+from quantmatrix.matrix import load
+
+
+@pytest.fixture
+def matrix(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    return load(write(tmp_path))
+
+
+def test_same_spec_same_directory_and_a_changed_spec_a_new_one(matrix):
+    """The cache key is the spec's content: asking twice reuses, a different scheme gets its own directory."""
+    wo, w4a4 = matrix.checkpoints
+    first = checkpoints.materialize(wo)
+    assert checkpoints.materialize(wo) == first
+    assert checkpoints.materialize(w4a4) != first
+    group = json.loads((first / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert group["input_activations"] is None
+
+
+def test_a_killed_build_leaves_nothing_a_later_run_trusts(matrix, monkeypatch):
+    """If writing dies midway, no directory appears; a half-written leftover is rebuilt, not used."""
+    wo = matrix.checkpoints[0]
+
+    def die(spec, out):
+        (out / "config.json").write_text("{")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints, "write", die)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.materialize(wo)
+    root = checkpoints.cache_root() / "checkpoints"
+    assert list(root.iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(root.parent))
+    final = root / f"{wo.id}-{checkpoints.spec_of(wo).digest()[:16]}"
+    final.mkdir()
+    (final / "config.json").write_text("{")  # a leftover without the completion marker
+    assert checkpoints.materialize(wo) == final
+    assert json.loads((final / "config.json").read_text())["model_type"] == "qwen3_moe"
+
+
+def test_hub_checkpoint_absent_from_local_cache_says_how_to_get_it(tmp_path, monkeypatch):
+    """A hub id not in the HF cache is unavailable, with the exact download command for a host with access."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(CheckpointUnavailable, match="huggingface-cli download nvidia/Qwen3-30B-A3B-NVFP4 "
+                                                    "--revision main"):
+        checkpoints.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main")
+
+
+def test_hub_checkpoint_is_found_in_a_fake_local_cache(tmp_path, monkeypatch):
+    """The huggingface_hub cache layout (refs/<rev> -> snapshots/<commit>) is followed without any network."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    base = tmp_path / "hub" / "models--nvidia--Qwen3-30B-A3B-NVFP4"
+    commit = "a" * 40
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(commit)
+    (base / "snapshots" / commit).mkdir(parents=True)
+    (base / "snapshots" / commit / "config.json").write_text("{}")
+    assert checkpoints.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main") == base / "snapshots" / commit

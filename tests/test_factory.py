@@ -1,0 +1,289 @@
+"""The synthetic checkpoint factory: names, dtypes, shapes and scale conventions per producer, the variant
+flags, determinism, the content-addressed atomic cache, and `quantmatrix checkpoint make/list`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantmatrix import checkpoints, nvfp4
+from quantmatrix.checkpoints import commands, lint, verify
+from quantmatrix.checkpoints.base import LAYOUTS, REFERENCE_FILE
+from quantmatrix.checkpoints.configs import SyntheticSpec
+from quantmatrix.errors import MatrixError, QuantmatrixError
+from quantmatrix.matrix import load
+
+MO = dict(producer="modelopt", scheme="nvfp4_w4a4")
+CT = dict(producer="compressed-tensors", scheme="nvfp4_w4a4")
+
+
+def build(tmp_path: Path, name: str = "ck", **fields) -> Path:
+    out = tmp_path / name
+    out.mkdir()
+    checkpoints.write(SyntheticSpec(**fields), out)
+    return out
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral"])
+def test_modelopt_names_dtypes_shapes(tmp_path, model):
+    """ModelOpt W4A4: per-expert `<prefix>.experts.E.<proj>` with U8 weight [o, i/2], F8_E4M3 weight_scale
+    [o, i/16], F32 0-d weight_scale_2 and input_scale; router, attention and lm_head stay bf16."""
+    t = tensors(build(tmp_path, model=model, **MO))
+    lay = LAYOUTS[model]
+    for proj, (o, i) in ((lay.gate, (64, 64)), (lay.up, (64, 64)), (lay.down, (64, 64))):
+        m = lay.expert(1, 3, proj)
+        assert t[f"{m}.weight"].dtype == torch.uint8 and t[f"{m}.weight"].shape == (o, i // 2)
+        assert t[f"{m}.weight_scale"].dtype == torch.float8_e4m3fn and t[f"{m}.weight_scale"].shape == (o, i // 16)
+        for leaf in ("weight_scale_2", "input_scale"):
+            assert t[f"{m}.{leaf}"].dtype == torch.float32 and t[f"{m}.{leaf}"].shape == ()
+    assert t[f"model.layers.0.{lay.moe}.gate.weight"].dtype == torch.bfloat16
+    assert t["model.layers.0.self_attn.q_proj.weight"].dtype == torch.bfloat16
+    assert t["lm_head.weight"].dtype == torch.bfloat16
+
+
+def test_compressed_tensors_names_and_inverse_global_scale(tmp_path):
+    """compressed-tensors: weight_packed / weight_global_scale [1] = 6*448/amax (the inverse of ModelOpt's
+    weight_scale_2) / input_global_scale [1]; an expert's gate and up share one global scale."""
+    t = tensors(build(tmp_path, model="qwen3_moe", **CT))
+    m = "model.layers.0.mlp.experts.2"
+    gate = t[f"{m}.gate_proj.weight_global_scale"]
+    assert gate.shape == (1,) and torch.equal(gate, t[f"{m}.up_proj.weight_global_scale"])
+    assert t[f"{m}.down_proj.input_global_scale"].shape == (1,)
+    assert not any(k.endswith((".weight_scale_2", ".input_scale")) for k in t)
+    bf16 = tensors(build(tmp_path, "bf16", producer="none", scheme="bf16"))
+    amax = torch.maximum(bf16[f"{m}.gate_proj.weight"].abs().max(), bf16[f"{m}.up_proj.weight"].abs().max())
+    assert gate.item() == pytest.approx(6 * 448 / amax.item(), rel=2**-8)  # bf16-rounded, as the package does
+
+
+def test_modelopt_scales_follow_the_amax_convention(tmp_path):
+    """weight_scale_2 = max(amax(gate), amax(up)) / (6*448) exactly; input_scale is one calibrated value per
+    projection shared by the layer's experts (ModelOpt syncs expert input amax)."""
+    t = tensors(build(tmp_path, model="qwen3_moe", **MO))
+    bf16 = tensors(build(tmp_path, "bf16", producer="none", scheme="bf16"))
+    m = "model.layers.1.mlp.experts.0"
+    amax = torch.maximum(bf16[f"{m}.gate_proj.weight"].abs().max(), bf16[f"{m}.up_proj.weight"].abs().max())
+    assert torch.equal(t[f"{m}.gate_proj.weight_scale_2"], amax.float() / 2688.0)
+    inputs = {t[f"model.layers.1.mlp.experts.{e}.down_proj.input_scale"].item() for e in range(4)}
+    assert len(inputs) == 1 and inputs.pop() > 0
+
+
+def test_dequantized_is_the_exported_tensors_dequantized(tmp_path):
+    """dequantized/ holds, for every quantized module, exactly nvfp4.dequantize of the stored tensors (vLLM's
+    arithmetic, with 1/weight_global_scale for compressed-tensors), and the bf16 weights elsewhere."""
+    for name, fields in (("mo", MO), ("ct", CT)):
+        ck = build(tmp_path, name, model="mixtral", **fields)
+        q, dq = tensors(ck), tensors(ck / checkpoints.DEQUANTIZED)
+        m = "model.layers.0.block_sparse_moe.experts.1.w2"
+        if name == "mo":
+            want = nvfp4.dequantize(q[f"{m}.weight"], q[f"{m}.weight_scale"], q[f"{m}.weight_scale_2"])
+        else:
+            want = nvfp4.dequantize(q[f"{m}.weight_packed"], q[f"{m}.weight_scale"], 1 / q[f"{m}.weight_global_scale"])
+        assert torch.equal(dq[f"{m}.weight"], want)
+        assert torch.equal(dq["lm_head.weight"], q["lm_head.weight"])
+        assert "quantization_config" not in json.loads((ck / checkpoints.DEQUANTIZED / "config.json").read_text())
+
+
+def test_quantize_attention_flag(tmp_path):
+    """`quantize: experts_attention` also quantizes q/k/v/o; q, k and v share weight_scale_2 and input_scale."""
+    t = tensors(build(tmp_path, model="qwen3_moe", quantize="experts_attention", **MO))
+    a = "model.layers.0.self_attn"
+    assert t[f"{a}.o_proj.weight"].dtype == torch.uint8
+    for leaf in ("weight_scale_2", "input_scale"):
+        assert torch.equal(t[f"{a}.q_proj.{leaf}"], t[f"{a}.v_proj.{leaf}"])
+
+
+def test_input_scale_flags(tmp_path):
+    """input_scales: auto follows the scheme, absent drops them from a W4A4 export, present adds them to a
+    weight-only one; omit_tensors removes exactly the matched tensors."""
+    def count(**f):
+        return sum(k.endswith(".input_scale") for k in tensors(build(tmp_path, str(len(list(tmp_path.iterdir()))),
+                                                                       producer="modelopt", **f)))
+    assert count(scheme="nvfp4_w4a4") == 24
+    assert count(scheme="nvfp4_weight_only") == 0
+    assert count(scheme="nvfp4_w4a4", input_scales="absent") == 0
+    assert count(scheme="nvfp4_weight_only", input_scales="present") == 24
+    assert count(scheme="nvfp4_w4a4", omit_tensors=("model.layers.1.mlp.experts.3.*.input_scale",)) == 21
+
+
+def test_corrupt_flags(tmp_path):
+    """corrupt_tensors sets every element to zero / inf / NaN, or cuts a block scale's last column and
+    doubles a scalar."""
+    m = "model.layers.0.mlp.experts.0"
+    t = tensors(build(tmp_path, model="qwen3_moe", **MO, corrupt_tensors=(
+        (f"{m}.gate_proj.weight_scale_2", "zero"), (f"{m}.up_proj.input_scale", "inf"),
+        (f"{m}.down_proj.weight_scale", "nan"), (f"{m}.down_proj.input_scale", "shape"),
+        ("model.layers.1.mlp.experts.0.down_proj.weight_scale", "shape"))))
+    assert t[f"{m}.gate_proj.weight_scale_2"].item() == 0.0
+    assert t[f"{m}.up_proj.input_scale"].item() == float("inf")
+    assert t[f"{m}.down_proj.weight_scale"].float().isnan().all()
+    assert t[f"{m}.down_proj.input_scale"].shape == (2,)
+    assert t["model.layers.1.mlp.experts.0.down_proj.weight_scale"].shape == (64, 3)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(omit_tensors=("*.experts.9.*",)), "matches no tensor"),
+    (dict(corrupt_tensors=(("*.experts.0.down_proj.weight_scale", "inf"),)), "has no inf"),
+    (dict(corrupt_tensors=(("*.experts.0.down_proj.weight", "nan"),)), "needs a floating tensor"),
+])
+def test_impossible_variants_are_matrix_errors(tmp_path, fields, message):
+    """A variant flag that cannot take effect fails the build with the reason, instead of writing a clean
+    checkpoint that a check would then wrongly pass."""
+    with pytest.raises(MatrixError, match=message):
+        build(tmp_path, model="qwen3_moe", **MO, **fields)
+
+
+def test_same_spec_same_bytes(tmp_path):
+    """Two builds of one spec are byte-identical, even with the family rebuilt from scratch (fixed seed,
+    deterministic tokenizer training)."""
+    from quantmatrix.checkpoints import base
+
+    def digest(d: Path) -> dict[str, str]:
+        return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+                if p.is_file()}
+    first = digest(build(tmp_path, "a", model="mixtral", **CT))
+    base.base.cache_clear()
+    base.tokenizer_files.cache_clear()
+    assert digest(build(tmp_path, "b", model="mixtral", **CT)) == first
+    other = build(tmp_path, "c", model="mixtral", seed=1, **CT)
+    assert digest(other)["model.safetensors"] != first["model.safetensors"]
+
+
+def test_bf16_checkpoint_records_the_hf_reference(tmp_path):
+    """A bf16 checkpoint carries the greedy continuation transformers produced, and the tokenizer files put
+    <unk>/<s>/</s> at ids 0/1/2 as config.json says."""
+    ck = build(tmp_path, producer="none", scheme="bf16", model="qwen3_moe")
+    ref = json.loads((ck / REFERENCE_FILE).read_text())
+    assert len(ref["greedy_ids"]) == len(ref["prompts"]) and all(len(g) == 8 for g in ref["greedy_ids"])
+    vocab = json.loads((ck / "tokenizer.json").read_text())["model"]["vocab"]
+    assert [vocab["<unk>"], vocab["<s>"], vocab["</s>"]] == [0, 1, 2]
+    got, problem = verify.hf_reference(ck)
+    assert problem is None and got == ref["greedy_ids"]
+
+
+def test_logit_bound_rejects_a_broken_quantizer(tmp_path):
+    """The dequant check can fail: swapping the nibble order of every packed weight pushes the logit error
+    far past verify.LOGIT_REL_ERROR_BOUND."""
+    bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
+    ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
+    assert verify.dequant_error(ck, bf16).verdict() is None
+    q, dq = tensors(ck), tensors(ck / checkpoints.DEQUANTIZED)
+    for name in [k for k in q if k.endswith(".weight") and q[k].dtype == torch.uint8]:
+        m = name.removesuffix(".weight")
+        swapped = (q[name] >> 4) | (q[name] << 4)
+        dq[name] = nvfp4.dequantize(swapped, q[f"{m}.weight_scale"], q[f"{m}.weight_scale_2"])
+    from safetensors.torch import save_file
+
+    save_file(dq, str(ck / checkpoints.DEQUANTIZED / "model.safetensors"))
+    err = verify.dequant_error(ck, bf16)
+    assert err.rel_error > 2 * verify.LOGIT_REL_ERROR_BOUND and err.top1 < verify.TOP1_AGREEMENT_BOUND
+    assert "strays from bf16" in err.verdict()
+
+
+MATRIX = textwrap.dedent("""\
+    version: 1
+    archs: [{name: sm120, capability: "12.0", label: RTX PRO 6000}]
+    modes: [{name: eager, label: eager}]
+    schemes:
+      - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4, lint: []}}
+    checks: [{name: checkpoint_lint, kind: lint, tier: cpu, description: lint}]
+    checkpoints:
+      - id: tiny-w4a4-hole
+        source:
+          synthetic:
+            model: mixtral
+            omit_tensors: ["model.layers.0.block_sparse_moe.experts.1.w2.input_scale"]
+            corrupt_tensors: {"model.layers.1.block_sparse_moe.experts.0.w1.weight_scale_2": %s}
+        producer: modelopt
+        scheme: nvfp4_w4a4
+        expect: {lint: [missing_tensor, bad_value, inconsistent]}
+    """)
+
+
+def test_matrix_flags_reach_the_spec(tmp_path):
+    """The new synthetic keys parse from YAML into the spec (lists -> tuples, the fault mapping -> pairs)."""
+    (tmp_path / "m.yaml").write_text(MATRIX % "nan")
+    ck = load(tmp_path / "m.yaml").checkpoints[0]
+    spec = checkpoints.spec_of(ck)
+    assert spec.omit_tensors == ("model.layers.0.block_sparse_moe.experts.1.w2.input_scale",)
+    assert spec.corrupt_tensors == (("model.layers.1.block_sparse_moe.experts.0.w1.weight_scale_2", "nan"),)
+    assert ck.expectation("lint") == ("missing_tensor", "bad_value", "inconsistent")
+
+
+def test_unknown_fault_is_a_matrix_error_with_line(tmp_path):
+    """A misspelt fault names the file, line and the closest valid fault."""
+    (tmp_path / "m.yaml").write_text(MATRIX % "nann")
+    with pytest.raises(MatrixError, match=r"m\.yaml:13:\d+: .*corrupt_tensors.*'nann' \(did you mean 'nan'\?\)"):
+        load(tmp_path / "m.yaml")
+
+
+def test_cache_is_content_addressed_and_atomic(tmp_path, monkeypatch):
+    """materialize builds once; a second call is a hash check (build is never called); a build killed midway
+    leaves neither a trusted entry nor its temp dir; a leftover without the completion marker is rebuilt."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    spec = SyntheticSpec(model="mixtral", **MO)
+    first = checkpoints.materialize_spec(spec, "x")
+    assert (first / checkpoints.DEQUANTIZED / "model.safetensors").is_file()
+
+    def refuse(*_a, **_k):
+        raise AssertionError("rebuilt a cached spec")
+    monkeypatch.setattr(checkpoints, "build", refuse)
+    assert checkpoints.materialize_spec(spec, "x") == first
+    monkeypatch.undo()
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+
+    other = dataclasses.replace(spec, seed=5)
+
+    def killed(_spec, out):
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(checkpoints, "write", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.materialize_spec(other, "x")
+    assert sorted(p.name for p in (tmp_path / "cache" / "checkpoints").iterdir()) == [first.name]
+    monkeypatch.undo()
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    stale = first.parent / f"x-{other.digest()[:16]}"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")  # half a checkpoint, no marker
+    rebuilt = checkpoints.materialize_spec(other, "x")
+    assert rebuilt == stale and (rebuilt / "model.safetensors").is_file()
+
+
+def test_checkpoint_make_and_list(tmp_path, capsys):
+    """`checkpoint make NAME --out DIR` writes a checkpoint the lint reads as the matrix expects; it refuses
+    a non-empty DIR and suggests the closest id for a typo; `checkpoint list` names every checkpoint."""
+    (tmp_path / "m.yaml").write_text(MATRIX % "zero")
+    out = tmp_path / "handed-over"
+    assert commands.main(["make", "tiny-w4a4-hole", "--out", str(out), "--matrix", str(tmp_path / "m.yaml")]) == 0
+    assert lint.lint(out).codes() == {"missing_tensor", "bad_value", "inconsistent"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert commands.main(["make", "tiny-w4a4-hole", "--out", str(out), "--matrix", str(tmp_path / "m.yaml")]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert commands.main(["make", "tiny-w4a4-hol", "--out", str(tmp_path / "o"), "--matrix",
+                          str(tmp_path / "m.yaml")]) == 2
+    assert "did you mean 'tiny-w4a4-hole'" in capsys.readouterr().err
+    assert commands.main(["list", "--matrix", str(tmp_path / "m.yaml")]) == 0
+    assert capsys.readouterr().out.startswith("tiny-w4a4-hole\tmodelopt\tnvfp4_w4a4\tsynthetic model=mixtral")
+
+
+def test_make_refuses_non_synthetic(tmp_path):
+    """A path or hub checkpoint cannot be `made`; the error says which kind it is."""
+    doc = (MATRIX % "zero").split("checkpoints:\n")[0] + textwrap.dedent("""\
+        checkpoints:
+          - {id: local, source: {path: .}, producer: modelopt, scheme: nvfp4_w4a4}
+        """)
+    (tmp_path / "m.yaml").write_text(doc)
+    with pytest.raises(QuantmatrixError, match="path source, not synthetic"):
+        commands.make(load(tmp_path / "m.yaml"), "local", tmp_path / "o")

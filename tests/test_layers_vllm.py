@@ -1,0 +1,127 @@
+"""Layer-level dispatch and the post-load audit against the installed vLLM: green as shipped, red (with the
+right names) when the weight-only fix is reverted or an expert's input_scale is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prefix_bug import revert_weight_only_promotion
+
+from quantmatrix import audit, checkpoints, dispatch, hardware, vllm_adapter
+from quantmatrix.errors import AdapterMismatch
+from quantmatrix.matrix import load
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = load(ROOT / "matrices" / "default.yaml")
+SEED_SHAPED = ["qwen3moe-tiny-nvfp4-weight-only", "qwen3moe-tiny-nvfp4-weight-only-key-missing",
+               "mixtral-tiny-nvfp4-weight-only", "qwen3moe-tiny-nvfp4-weight-only-stray-input-scales"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_imported_here(tmp_path_factory):
+    """Build one layer in this process first: pytester's in-process runs drop modules they imported, and vLLM
+    registers types at import that cannot be registered twice."""
+    import os
+
+    old = os.environ.get("QUANTMATRIX_CACHE")
+    os.environ["QUANTMATRIX_CACHE"] = str(tmp_path_factory.mktemp("qm"))
+    try:
+        dispatch.build_layer(checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4")), DEFAULT.arch("sm121"))
+    finally:
+        if old is None:
+            del os.environ["QUANTMATRIX_CACHE"]
+        else:
+            os.environ["QUANTMATRIX_CACHE"] = old
+
+
+def _checkpoint(checkpoint_id: str):
+    return next(c for c in DEFAULT.checkpoints if c.id == checkpoint_id)
+
+
+def _layer_run(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
+    return pytester.runpytest(str(ROOT / "suites" / "test_layers.py"), f"--rootdir={ROOT}", "-p", "no:cacheprovider",
+                              "-m", "sm121 and nocache", "-k", "layer_dispatch or post_load_audit", *extra)
+
+
+def test_layer_checks_pass_on_installed_vllm(pytester):
+    """Every layer-dispatch and audit case of the default matrix passes on unmodified vLLM (simulated sm121)."""
+    result = _layer_run(pytester)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.outlines[-30:]
+    assert outcomes["passed"] >= 2 * 20
+
+
+def test_reverted_fix_fails_weight_only_cells_on_dispatch_and_audit(pytester, monkeypatch):
+    """Pre-fix vLLM: each seed-shaped weight-only checkpoint fails layer dispatch AND the audit, which names
+    w13_input_scale and w2_input_scale as read by the W4A4 backend and never loaded."""
+    revert_weight_only_promotion(monkeypatch)
+    result = _layer_run(pytester, "-rf")
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    for ck in SEED_SHAPED:
+        assert any(f"test_layer_dispatch[{ck}@" in line for line in failed), ck
+    for ck in SEED_SHAPED[:3]:  # the stray-input-scales export really holds input_scale: loaded, so no audit hole
+        assert any(f"test_post_load_audit[{ck}@" in line for line in failed), ck
+    result.stdout.fnmatch_lines([
+        "*weight-only NVFP4 checkpoint built as W4A4 NVFP4 MoE (ModelOptNvFp4FusedMoE, backend VLLM_CUTLASS) on "
+        "sm121 (GB10 / DGX Spark)*uninitialised input_scale*",
+        "*backend VLLM_CUTLASS reads tensors that were never loaded from the checkpoint: "
+        "model.layers.0.mlp.experts.routed_experts.w13_input_scale [[]experts 0-3[]]: unloaded*"
+        "w2_input_scale [[]experts 0-3[]]: unloaded*weight-only checkpoint routed to a W4A4 fused-MoE backend*",
+    ])
+    assert all("-ct-" not in line for line in failed)  # compressed-tensors has no promotion to revert
+
+
+def test_one_missing_expert_input_scale_is_named_by_layer_and_expert(tmp_path, monkeypatch):
+    """W4A4 with expert 3 of layer 1 lacking input_scale: the audit names exactly that expert's rows."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    ck = _checkpoint("qwen3moe-tiny-nvfp4-w4a4-expert-missing-input-scale")
+    path = checkpoints.materialize(ck)
+    arch = DEFAULT.arch("sm121")
+    build = dispatch.build_layer(path, arch, every_layer=True)
+    backend = DEFAULT.moe_backends[build.layer.backend]
+    report = audit.audit(build.layers, audit.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
+    holes = {(f.param, f.experts) for f in report.read_but_unloaded}
+    assert holes == {("model.layers.1.mlp.experts.routed_experts.w13_input_scale", (3,)),
+                     ("model.layers.1.mlp.experts.routed_experts.w2_input_scale", (3,))}
+    message = audit.verdict(report, ck.id, weight_only_checkpoint=False)
+    assert "model.layers.1.mlp.experts.routed_experts.w13_input_scale [expert 3]: unloaded (2/8 elements)" in message
+
+
+def test_weight_only_under_marlin_records_input_scale_as_unread_not_failed(tmp_path, monkeypatch):
+    """input_scale created but never read (weight-only under MARLIN) is a note, not a failure."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    path = checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-weight-only"))
+    build = dispatch.build_layer(path, DEFAULT.arch("gb10"), every_layer=True)
+    assert build.layer.backend == "MARLIN"
+    backend = DEFAULT.moe_backends["MARLIN"]
+    report = audit.audit(build.layers, audit.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
+    assert audit.verdict(report, "x", True) is None
+    assert {f.param.rsplit(".", 1)[1] for f in report.notes if f.kind == "unloaded"} == {"w13_input_scale",
+                                                                                          "w2_input_scale"}
+
+
+@pytest.mark.parametrize(("arch", "backend"), [("sm100", "VLLM_CUTLASS"), ("sm120", "VLLM_CUTLASS"),
+                                               ("sm121", "VLLM_CUTLASS"), ("sm90", "MARLIN")])
+def test_w4a4_backend_per_simulated_arch_without_flashinfer(tmp_path, monkeypatch, arch, backend):
+    """Without flashinfer, vLLM picks VLLM_CUTLASS on Blackwell and MARLIN on Hopper for W4A4 NVFP4 MoE."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    path = checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"))
+    build = dispatch.build_layer(path, DEFAULT.arch(arch))
+    assert (build.layer.backend, build.layer.weight_only) == (backend, False)
+
+
+def test_simulation_restores_the_platform_and_fails_loudly_when_it_does_not_take(monkeypatch):
+    """After simulate() vLLM sees the CPU platform again; a seam that stops working raises, never skips."""
+    from vllm.platforms import current_platform
+
+    before = current_platform.get_device_capability()
+    with hardware.simulate(DEFAULT.arch("sm120")):
+        assert tuple(current_platform.get_device_capability()) == (12, 0)
+        assert not current_platform.has_device_capability(121)
+    assert current_platform.get_device_capability() == before
+    monkeypatch.setattr(vllm_adapter, "check_simulation", lambda cap: (_ for _ in ()).throw(
+        AdapterMismatch("simulated capability did not take")))
+    with pytest.raises(AdapterMismatch), hardware.simulate(DEFAULT.arch("sm120")):
+        pass
+    assert current_platform.get_device_capability() == before

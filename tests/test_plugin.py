@@ -1,0 +1,178 @@
+"""The plugin as a user runs it: pytester suites over a small matrix (pytest-xdist acceptance-test style)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from matrixkit import SMALL
+
+from quantmatrix import hardware
+
+SUITE = """
+def test_cpu_probe(cell, record_property):
+    record_property("seen", cell.id)
+
+def test_gpu_probe(cell):
+    assert cell.arch.name
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A suite over SMALL on a host whose CUDA queries are faked to find no device (so any host agrees)."""
+    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(hardware, "query_torch", lambda: ([], "faked: no CUDA"))
+    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    pytester.makefile(".yaml", m=SMALL)
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def _collected(result: pytest.RunResult) -> list[str]:
+    return sorted(line.split("::", 1)[1] for line in result.outlines if "::" in line)
+
+
+def test_cases_are_cells_times_checks_with_readable_ids(suite):
+    """2 checkpoints x 3 archs x 2 modes = 12 cells; cpu_probe takes all, gpu_probe only weight-only ones."""
+    result = suite.runpytest("--matrix", "m.yaml", "--collect-only", "-q", "--strict-markers")
+    ids = _collected(result)
+    assert len(ids) == 12 + 6
+    assert "test_cpu_probe[tiny-wo@sm121-nocache]" in ids
+    assert "test_gpu_probe[tiny-wo@sm100-default]" in ids
+    assert not any(i.startswith("test_gpu_probe[tiny-w4a4") for i in ids)
+    assert result.ret == 0
+
+
+@pytest.mark.parametrize(("expr", "expected"), [
+    ("sm120", {"sm120"}),
+    ("rtx_pro_6000", {"sm120"}),
+    ("gb10 and weight_only", {"sm121"}),
+    ("dgx_spark and nocache", {"sm121"}),
+    ("not sm100 and gpu", {"sm120", "sm121"}),
+])
+def test_marker_expressions_select_exactly_their_cells(suite, expr, expected):
+    """`-m` on arch names, aliases, scheme, mode and tier selects exactly the matching cases (no `>=` families)."""
+    result = suite.runpytest("--matrix", "m.yaml", "--collect-only", "-q", "--strict-markers", "-m", expr)
+    ids = _collected(result)
+    assert ids, result.outlines
+    assert {i.split("@")[1].split("-")[0] for i in ids} == expected
+    if "weight_only" in expr:
+        assert all("tiny-wo@" in i for i in ids)
+    if "nocache" in expr:
+        assert all(i.endswith("-nocache]") for i in ids)
+
+
+def test_gpu_cases_skip_naming_the_arch_and_the_host_with_cuda_queries_faked(suite):
+    """With no GPU, every gpu-tier case is skipped with a reason naming the arch it needs and what the host has."""
+    result = suite.runpytest("--matrix", "m.yaml", "-rs", "-m", "gpu")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines([
+        "*needs sm120 (RTX PRO 6000); this host: no CUDA device (faked: no CUDA)*",
+        "*needs sm121 (GB10 / DGX Spark); this host: no CUDA device (faked: no CUDA)*",
+    ])
+
+
+def test_strict_hardware_turns_missing_arch_into_failures_with_cuda_queries_faked(suite):
+    """A runner that must have the GPU fails, rather than skips, the cases it cannot run."""
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--strict-hardware")
+    result.assert_outcomes(errors=6)  # raised before any fixture runs on the wrong GPU: a setup error
+    result.stdout.fnmatch_lines(["*--strict-hardware: needs sm100 (B200); this host: no CUDA device*"])
+    assert result.ret == 1
+
+
+def test_arch_override_runs_that_arch_and_skips_the_others(suite):
+    """--arch gb10 declares the host an sm121: its gpu cases run, sm100/sm120 ones still skip."""
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--arch", "gb10", "-rs")
+    result.assert_outcomes(passed=2, skipped=4)
+    result.stdout.fnmatch_lines(["*needs sm120 (RTX PRO 6000); this host: cuda:0 declared GB10 / DGX Spark "
+                                 "[[]sm121 (GB10 / DGX Spark)[]] (via --arch)*"])
+
+
+def test_real_gpu_detection_matches_exact_family_with_cuda_queries_faked(suite, monkeypatch):
+    """A (faked) RTX PRO 6000 at capability 12.0 satisfies sm120 only: not sm100, not sm121."""
+    monkeypatch.setattr(hardware, "query_torch",
+                        lambda: ([hardware.Device(0, "NVIDIA RTX PRO 6000 Blackwell", (12, 0))], ""))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu")
+    result.assert_outcomes(passed=2, skipped=4)
+
+
+def test_unknown_arch_override_is_a_usage_error(suite):
+    """--arch with a typo names the closest arch and exits as a usage error."""
+    result = suite.runpytest("--matrix", "m.yaml", "--arch", "gb1O")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*no arch 'gb1O' (did you mean 'gb10'?)*"])
+
+
+def test_bad_matrix_is_a_usage_error_with_file_and_line(suite):
+    """A broken --matrix stops the run with file:line:column and no traceback."""
+    suite.makefile(".yaml", bad=SMALL.replace("tier: cpu", "tier: cuda"))
+    result = suite.runpytest("--matrix", "bad.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*bad.yaml:17:45: checks[[]0[]].tier: expected one of cpu, gpu; got 'cuda'*"])
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_test_without_a_matrix_check_fails_collection(suite):
+    """A suite function the matrix does not know is an error naming the closest check, never a silent skip."""
+    suite.makepyfile(test_other="def test_cpu_prob(cell):\n    pass\n")
+    result = suite.runpytest("--matrix", "m.yaml", "test_other.py")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*has no check 'cpu_prob' (did you mean 'cpu_probe'?)*"])
+
+
+def test_plain_tests_are_untouched_without_a_matrix(pytester):
+    """In a checkout with no matrix, the plugin stays out of the way of ordinary tests."""
+    pytester.makepyfile("def test_plain():\n    assert True\n")
+    pytester.runpytest("--strict-markers").assert_outcomes(passed=1)
+
+
+def test_default_matrix_is_found_under_the_rootdir(suite):
+    """Without --matrix, matrices/default.yaml under the rootdir is the matrix."""
+    (suite.path / "matrices").mkdir()
+    (suite.path / "matrices" / "default.yaml").write_text(SMALL)
+    result = suite.runpytest("--collect-only", "-q", "-m", "sm100 and w4a4")
+    assert _collected(result) == ["test_cpu_probe[tiny-w4a4@sm100-default]", "test_cpu_probe[tiny-w4a4@sm100-nocache]"]
+
+
+def _with_waiver(expires: datetime.date) -> str:
+    return SMALL + ("waivers:\n  - match: {checkpoint: tiny-wo, arch: gb10, check: cpu_probe}\n"
+                    "    reason: known GB10 zero-expert bug\n    link: https://example.invalid/issue/1\n"
+                    f"    expires: {expires}\n")
+
+
+def test_active_waiver_marks_its_cases_xfail_with_reason_and_link(suite):
+    """A waived cell runs as a non-strict xfail that carries the reason, link and expiry."""
+    suite.makepyfile(test_suite=SUITE.replace('record_property("seen", cell.id)',
+                                              'assert "tiny-wo@sm121" not in cell.id'))
+    suite.makefile(".yaml", m=_with_waiver(datetime.date.today() + datetime.timedelta(days=30)))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "cpu", "-rx")
+    result.assert_outcomes(passed=10, xfailed=2)
+    result.stdout.fnmatch_lines(["*waived until *: known GB10 zero-expert bug (https://example.invalid/issue/1)*"])
+
+
+def test_expired_waiver_fails_its_cases(suite):
+    """After its expiry date a waiver no longer hides anything: its cases fail (in setup) and say why."""
+    suite.makefile(".yaml", m=_with_waiver(datetime.date.today() - datetime.timedelta(days=1)))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "cpu")
+    result.assert_outcomes(passed=10, errors=2)
+    result.stdout.fnmatch_lines(["*waiver expired on * known GB10 zero-expert bug*renew the waiver*"])
+    assert result.ret == 1
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_cases_carry_their_cell_and_host_as_junit_properties(suite, workers):
+    """Every case's JUnit entry names its cell, axes, check and the vLLM/torch it ran with, also under xdist."""
+    import junitparser
+
+    result = suite.runpytest_subprocess("--matrix", str(suite.path / "m.yaml"), "-m", "cpu and sm121",
+                                        "--junitxml=out.xml", "-o", "junit_family=xunit1", *workers)
+    result.assert_outcomes(passed=4)
+    xml = junitparser.JUnitXml.fromfile(str(suite.path / "out.xml"))
+    cases = [c for s in xml for c in s]
+    assert len(cases) == 4
+    for c in cases:
+        props = {p.name: p.value for block in c.iterchildren(junitparser.Properties) for p in block}
+        assert props["arch"] == "sm121" and props["check"] == "cpu_probe" and props["tier"] == "cpu"
+        assert props["cell"] == props["seen"] == f"{props['checkpoint']}@sm121-{props['mode']}"
+        assert {"vllm_version", "torch_version", "platform", "runner", "scheme", "producer"} <= set(props)
