@@ -18,7 +18,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 PLUGIN_STANDIN = '''
-import json, os
+import json
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,12 @@ from quantmatrix.report import stamp_testsuite_properties
 SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
 HOST = SPEC["host"]
 WAIVER = {"waiver_reason": "FlashInfer MoE NaN on GB10", "waiver_link": "https://github.com/example/qm/issues/7"}
+
+
+def _worker(config):
+    """xdist's id of this worker, from its config (the environment variable leaks into in-process pytester runs
+    when quantmatrix's own tests run under -n)."""
+    return getattr(config, "workerinput", {}).get("workerid", "main")
 
 
 def pytest_collection_modifyitems(items):
@@ -45,7 +51,7 @@ def pytest_collection_modifyitems(items):
                  "kind": "e2e" if check.startswith("e2e") else "dispatch", "tier": "cpu", "cell": cell,
                  "vllm_version": HOST["vllm_version"], "torch_version": HOST["torch_version"],
                  "platform": "cpu", "device_name": SPEC["devices"].get(arch, ""), "device_capability": "",
-                 "runner": HOST["runner"], "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+                 "runner": HOST["runner"], "worker": _worker(item.config)}
         if behaviour in ("waive", "xpass", "stale"):
             props |= WAIVER | {"waiver_expires": "2020-01-01" if behaviour == "stale" else "2099-12-31",
                                "waiver_expired": "false"}

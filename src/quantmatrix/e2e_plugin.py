@@ -78,6 +78,8 @@ def _visible_gpus(settings: Settings) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if SETTINGS not in config.stash:  # `-p no:quantmatrix`: no matrix, so no e2e tier either
+        return
     workerinput = getattr(config, "workerinput", None)
     root = Path(workerinput[_STORE_KEY]) if workerinput and _STORE_KEY in workerinput else _new_store_root()
     worker = os.environ.get("PYTEST_XDIST_WORKER")
@@ -93,7 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: every worker shares the controller's store."""
-    node.workerinput[_STORE_KEY] = str(node.config.stash[E2E_SETTINGS].store.root)
+    if E2E_SETTINGS in node.config.stash:
+        node.workerinput[_STORE_KEY] = str(node.config.stash[E2E_SETTINGS].store.root)
 
 
 def _case(item: pytest.Item) -> Case | None:
@@ -113,7 +116,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    s = config.stash[E2E_SETTINGS]
+    s = config.stash.get(E2E_SETTINGS, None)
+    if s is None:
+        return []
     line = f"quantmatrix e2e: platform {s.platform}, engine runs under {s.store.root}"
     if s.update_references:
         line += "; --update-references: this run writes references"
@@ -133,7 +138,9 @@ class _CaseCounter:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """The closing note: engine starts vs e2e cases, and what each group cost outside vLLM."""
-    s = config.stash[E2E_SETTINGS]
+    s = config.stash.get(E2E_SETTINGS, None)
+    if s is None:
+        return
     starts = s.store.starts()
     if not starts and not s.e2e_cases:
         return
