@@ -53,7 +53,7 @@ def test_a_killed_build_leaves_nothing_a_later_run_trusts(matrix, monkeypatch):
 def test_hub_checkpoint_absent_from_local_cache_says_how_to_get_it(tmp_path, monkeypatch):
     """A hub id not in the HF cache is unavailable, with the exact download command for a host with access."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(CheckpointUnavailable, match="huggingface-cli download nvidia/Qwen3-30B-A3B-NVFP4 "
+    with pytest.raises(CheckpointUnavailable, match="hf download nvidia/Qwen3-30B-A3B-NVFP4 "
                                                     "--revision main"):
         checkpoints.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main")
 

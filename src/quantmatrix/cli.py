@@ -83,6 +83,7 @@ _DELEGATED = {
     "lint": ("quantmatrix.checkpoints.lint", "check a checkpoint's declared scheme against its tensors"),
     "checkpoint": ("quantmatrix.checkpoints.commands", "make or list the matrix's synthetic checkpoints"),
     "report": ("quantmatrix.report", "merge JUnit files of runners into summary.json, matrix.md and index.html"),
+    "fetch": ("quantmatrix.fetch", "download a matrix's hub checkpoints into the local HF cache (needs hub access)"),
 }
 
 

@@ -13,7 +13,19 @@ import yaml
 
 from quantmatrix.checkpoints.configs import SIZES
 from quantmatrix.errors import MatrixError
-from quantmatrix.yamlschema import Doc, Field, as_bool, as_text, closest, env_vars, one_of, scalar_map
+from quantmatrix.yamlschema import (
+    Doc,
+    Field,
+    as_bool,
+    as_text,
+    closest,
+    env_vars,
+    fraction,
+    int_at_least,
+    one_of,
+    positive,
+    scalar_map,
+)
 
 PLATFORMS = ("cpu", "cuda")
 REFERENCE_SOURCES = ("transformers", "engine")
@@ -43,29 +55,6 @@ class E2E:
     engine_args: Mapping[str, Any]
     platforms: Mapping[str, Platform]
     where: str
-
-
-def int_at_least(low: int) -> Callable[[Doc, yaml.Node, str], int]:
-    def convert(doc: Doc, node: yaml.Node, what: str) -> int:
-        value = doc.typed(node, what, (int,), "an integer")
-        if value < low:
-            raise doc.error(node, f"{what}: expected an integer >= {low}, got {value}")
-        return value
-    return convert
-
-
-def positive(doc: Doc, node: yaml.Node, what: str) -> float:
-    value = doc.typed(node, what, (int, float), "a number")
-    if value <= 0:
-        raise doc.error(node, f"{what}: expected a positive number, got {value}")
-    return float(value)
-
-
-def fraction(doc: Doc, node: yaml.Node, what: str) -> float:
-    value = doc.typed(node, what, (int, float), "a number")
-    if not 0 <= value <= 1:
-        raise doc.error(node, f"{what}: expected a fraction between 0 and 1, got {value}")
-    return float(value)
 
 
 def existing_file(doc: Doc, node: yaml.Node, what: str) -> Path:

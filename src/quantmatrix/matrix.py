@@ -32,6 +32,7 @@ from quantmatrix.yamlschema import (
     list_of,
     matching,
     one_of,
+    positive,
     scalar_map,
     show,
 )
@@ -130,6 +131,8 @@ class Checkpoint:
     expect: Mapping[str, Any]
     label: str
     where: str
+    size_gb: float | None = None  # hub/path checkpoints: download size, for runner disk planning and fetch
+    min_gpu_memory_gb: float | None = None
 
     def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
         """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
@@ -569,8 +572,19 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
             "scheme": Field(_name, "one of the matrix's schemes"),
             "label": Field(as_text, "human label", required=False, default=""),
             "expect": Field(_expect, "expectations (override the scheme's)", required=False, default=dict),
+            "size_gb": Field(positive, "download size in GB (10^9 bytes); absent: unknown", required=False),
+            "min_gpu_memory_gb": Field(positive, "GPU memory, all of a runner's GPUs together, of the smallest "
+                                       "setup known to serve it; absent: unknown", required=False),
         })
         _unique(doc, ck_ids, r["id"], r["@id"], "checkpoint id")
+        for key in ("size_gb", "min_gpu_memory_gb"):
+            if r[key] is not None and r["source"].kind == "synthetic":
+                raise doc.error(r[f"@{key}"], f"checkpoints[{i}].{key}: describes a hub or path checkpoint; a "
+                                              "synthetic one is built here from its spec")
+        if r["size_gb"] and r["min_gpu_memory_gb"] and r["min_gpu_memory_gb"] < r["size_gb"]:
+            raise doc.error(r["@min_gpu_memory_gb"], f"checkpoints[{i}].min_gpu_memory_gb: {r['min_gpu_memory_gb']:g}"
+                                                     f" GB is less than size_gb {r['size_gb']:g}: the weights "
+                                                     "alone would not fit")
         if r["source"].kind == "synthetic" and r["scheme"] in schemes:
             spec = synthetic.SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value)
             if spec.problem():
@@ -579,7 +593,8 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
             raise doc.error(r["@scheme"], f"checkpoints[{i}].scheme: unknown scheme {r['scheme']!r}"
                                           f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
         checkpoints.append(Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]],
-                                      r["expect"], r["label"], doc.where(node)))
+                                      r["expect"], r["label"], doc.where(node), r["size_gb"],
+                                      r["min_gpu_memory_gb"]))
 
     backends: dict[str, MoeBackend] = {}
     backend_names: dict[str, str] = {}

@@ -30,6 +30,7 @@ class Settings:
     strict_hardware: bool
     today: datetime.date
     runner: str
+    strict_checkpoints: bool = False
     checkpoint_dirs: dict[str, Path] = dataclasses.field(default_factory=dict)
     # Per-checkpoint results of checks, keyed by (check, what identifies the input): a cell's arch and
     # mode multiply the cases, not the work.
@@ -68,6 +69,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--strict-hardware", action="store_true", default=False,
                     help="fail, instead of skip, gpu-tier cases whose arch this host lacks "
                          "(for a runner that is supposed to have that GPU)")
+    group.addoption("--strict-checkpoints", action="store_true", default=False,
+                    help="fail, instead of skip, cases whose hub checkpoint is not in the local HF cache "
+                         "(for a runner that is supposed to hold them: see `quantmatrix fetch`)")
     parser.addini("quantmatrix_matrix", _MATRIX_HELP, default=None)
 
 
@@ -99,7 +103,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--arch needs a matrix: pass --matrix FILE or create {DEFAULT_MATRIX}")
     runner = os.environ.get("RUNNER_NAME") or socket.gethostname()
     config.stash[SETTINGS] = Settings(matrix, host, config.getoption("strict_hardware"),
-                                      datetime.date.today(), runner)
+                                      datetime.date.today(), runner,
+                                      strict_checkpoints=config.getoption("strict_checkpoints"))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -198,13 +203,16 @@ def quantmatrix_settings(request: pytest.FixtureRequest) -> Settings:
 
 @pytest.fixture
 def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings) -> Path:
-    """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out."""
+    """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out
+    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage)."""
     cache = quantmatrix_settings.checkpoint_dirs
     ck = cell.checkpoint
     if ck.id not in cache:
         try:
             cache[ck.id] = checkpoints.materialize(ck)
         except CheckpointUnavailable as e:
+            if quantmatrix_settings.strict_checkpoints:
+                pytest.fail(f"--strict-checkpoints: {e}", pytrace=False)
             pytest.skip(str(e))
     return cache[ck.id]
 

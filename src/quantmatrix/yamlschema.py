@@ -154,6 +154,29 @@ def env_vars(doc: Doc, node: yaml.Node, what: str) -> dict[str, str]:
     return out
 
 
+def int_at_least(low: int) -> Callable[[Doc, yaml.Node, str], int]:
+    def convert(doc: Doc, node: yaml.Node, what: str) -> int:
+        value = doc.typed(node, what, (int,), "an integer")
+        if value < low:
+            raise doc.error(node, f"{what}: expected an integer >= {low}, got {value}")
+        return value
+    return convert
+
+
+def positive(doc: Doc, node: yaml.Node, what: str) -> float:
+    value = doc.typed(node, what, (int, float), "a number")
+    if not value > 0:  # also refuses .nan
+        raise doc.error(node, f"{what}: expected a positive number, got {value}")
+    return float(value)
+
+
+def fraction(doc: Doc, node: yaml.Node, what: str) -> float:
+    value = doc.typed(node, what, (int, float), "a number")
+    if not 0 <= value <= 1:
+        raise doc.error(node, f"{what}: expected a fraction between 0 and 1, got {value}")
+    return float(value)
+
+
 def scalar_map(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
 

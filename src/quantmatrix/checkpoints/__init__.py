@@ -113,6 +113,12 @@ def hub_cache() -> Path:
     return Path(home) / "hub"
 
 
+def download_command(repo: str, revision: str) -> str:
+    """The line that puts repo@revision into the cache resolve_hub reads (`hf` is huggingface_hub's CLI since
+    0.34; 1.0 removed `huggingface-cli`)."""
+    return f"hf download {repo} --revision {revision}"
+
+
 def resolve_hub(repo: str, revision: str) -> Path:
     """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
     base = hub_cache() / f"models--{repo.replace('/', '--')}"
@@ -125,4 +131,4 @@ def resolve_hub(repo: str, revision: str) -> Path:
         return snap
     raise CheckpointUnavailable(
         f"{repo}@{revision} is not in the local Hugging Face cache ({hub_cache()}); on a host with hub "
-        f"access run: huggingface-cli download {repo} --revision {revision}")
+        f"access run: {download_command(repo, revision)}")
