@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quantmatrix.report import RED, build, main, stamp_testsuite_properties, summary_json
+from quantmatrix import report_md
+from quantmatrix.report import RED, ReportError, build, main, stamp_testsuite_properties, summary_json, write
 
 if TYPE_CHECKING:
     from conftest import SuiteRunner
@@ -219,6 +220,34 @@ def test_parallel_parsing_gives_the_same_summary_as_serial(junit_suite: SuiteRun
     serial, parallel = report_of(*files, jobs=1), report_of(*files, jobs=2)
     assert len(serial.cases) == 40 * 8
     assert summary_json(serial) == summary_json(parallel)
+
+
+def test_outputs_written_beside_the_page_are_the_serial_bytes(junit_suite: SuiteRunner, tmp_path: Path) -> None:
+    """With jobs > 1 summary.json and matrix.md come from a forked child while the page renders: the
+    three files are byte for byte what one process writes."""
+    junit_suite.run("a", CELLS, outcomes={f"config_dispatch[{CELLS[1]}]": "fail"})
+    report = report_of(junit_suite.last)
+    write(report, tmp_path / "serial", jobs=1)
+    write(report, tmp_path / "forked", jobs=2)
+    for name in ("summary.json", "matrix.md", "index.html"):
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes(), name
+
+
+def test_a_failure_in_the_writer_child_is_an_error_not_a_silent_gap(junit_suite: SuiteRunner, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """If the forked child dies, the parent says which outputs it was writing instead of returning paths
+    to files that were never written."""
+    junit_suite.run("a", CELLS)
+    report = report_of(junit_suite.last)
+
+    def broken(*args: object) -> str:
+        raise RuntimeError("render exploded")
+
+    monkeypatch.setattr(report_md, "render", broken)
+    with pytest.raises(ReportError, match=r"writing summary.json and matrix.md failed in a child process "
+                                          r"\(exit code 1\)"):
+        write(report, tmp_path / "out", jobs=2)
+    assert not (tmp_path / "out" / "matrix.md").exists()
 
 
 def test_cases_without_plugin_properties_are_placed_by_their_name(pytester: pytest.Pytester) -> None:

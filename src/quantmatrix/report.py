@@ -9,22 +9,24 @@ tells a nightly job whether anything broke or stopped being tested.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime
 import gc
 import json
+import multiprocessing
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from junitparser import Error, Failure, JUnitXml, JUnitXmlError
+from junitparser import Error, Failure, JUnitXml, JUnitXmlError, TestCase
 from junitparser import junitparser as _jp
 
 from quantmatrix.errors import QuantmatrixError
@@ -41,6 +43,7 @@ _PARSE_ERRORS = (_jp.etree.ParseError, ET.ParseError)
 _CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)\Z")
 NONE = "(none)"  # the axis value of a case that names no cell; sorted last
 _COMPACT = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+_STR = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it, without its per-call setup
 _RANK = {"error": 6, "failed": 5, "waived": 4, "xpassed": 3, "skipped": 2, "passed": 1}
 
 Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme
@@ -66,7 +69,7 @@ class Case:
     own: dict[str, str]
     common: dict[str, str]
     axes: Axes
-    entry: str  # its summary.json entry as far as its file tells, see _entry()
+    entry: str  # its `"key":{...}` member of summary.json: _entry(), completed by seal()
     message: str = ""
     log_tail: str = ""
     time: float = 0.0
@@ -79,6 +82,20 @@ class Case:
 
     def tag(self, name: str) -> None:
         self.tags = self.tags | {name}
+
+    def seal(self) -> None:
+        """Complete the summary.json entry once file, attempts and history are final (once per case).
+
+        Done as each case is diffed, while the workers still parse, so writing summary.json is one join.
+        """
+        entry = self.entry
+        if self.file is not None:
+            entry += f',"file":{self.file}'
+        if self.history:
+            entry += f',"history":{_STR(self.history)}'
+        if self.attempts:
+            entry += f',"attempts":{_COMPACT(list(self.attempts))}'
+        self.entry = entry + "}"
 
     def prop(self, name: str, default: str | None = None) -> str | None:
         value = self.own.get(name)
@@ -127,8 +144,7 @@ class Report:
 
     def totals(self) -> dict[str, int]:
         out = dict.fromkeys(OUTCOMES, 0)
-        for c in self.cases.values():
-            out[c.outcome] += 1
+        out.update(collections.Counter(c.outcome for c in self.cases.values()))
         return out
 
     @property
@@ -150,11 +166,18 @@ class Grid:
 
 def grid(report: Report) -> Grid:
     cells: dict[tuple[str, str, str], list[Case]] = {}
-    schemes: dict[str, str] = {}
     for c in report.cases.values():
-        cells.setdefault(c.axes[:3], []).append(c)
-        if c.axes[4]:
-            schemes.setdefault(c.axes[0], c.axes[4])
+        cell = c.axes[:3]
+        if cell in cells:
+            cells[cell].append(c)
+        else:
+            cells[cell] = [c]
+    schemes: dict[str, str] = {}
+    for (checkpoint, _, _), members in cells.items():
+        if checkpoint not in schemes:
+            scheme = next((c.axes[4] for c in members if c.axes[4]), None)
+            if scheme:
+                schemes[checkpoint] = scheme
     rows = sorted({k[0] for k in cells}, key=lambda r: (r == NONE, natural(r)))
     cols = sorted({k[1:] for k in cells},
                   key=lambda am: (am[0] == NONE, natural(am[0]), am[1] != "default", am[1]))
@@ -234,15 +257,18 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
 
 def _axes(key: str, props: Mapping[str, str]) -> Axes:
     """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
-    func, _, param = key.rpartition("::")[2].partition("[")
-    check = props.get("check") or func.removeprefix("test_")
-    ck, arch, mode = props.get("checkpoint"), props.get("arch"), props.get("mode")
-    if not (ck and arch and mode):
-        m = _CELL.match(props.get("cell") or param.rstrip("]"))
-        parsed = m.groupdict() if m else {}
-        ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
-                          mode or parsed.get("mode", NONE))
-    return ck, arch, mode, check, props.get("scheme", "")
+    check, ck, arch, mode = props.get("check"), props.get("checkpoint"), props.get("arch"), props.get("mode")
+    if not (check and ck and arch and mode):  # not all from the plugin: read the case's name
+        func, _, param = key.rpartition("::")[2].partition("[")
+        check = check or func.removeprefix("test_")
+        if not (ck and arch and mode):
+            m = _CELL.match(props.get("cell") or param.rstrip("]"))
+            parsed = m.groupdict() if m else {}
+            ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
+                              mode or parsed.get("mode", NONE))
+    # interned: a file's 100 cases then share 5 strings, which pickle sends from a worker once, not 100 times
+    intern = sys.intern
+    return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get("scheme", ""))
 
 
 def _read(path: str, today: datetime.date | None = None) -> _FileRead:
@@ -263,24 +289,26 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
         out.problem = "not a JUnit file: the root element is neither <testsuites> nor <testsuite>"
         return out
     per_case: list[dict[str, str]] = []
+    intern = sys.intern  # property names recur in every case: one object each, pickled once, kept once
     for suite in xml:
         out.properties.update((p.name, p.value) for p in suite.properties())
         stamp = suite.timestamp or ""
-        for case in suite:
-            # junitparser 5 has no per-case properties API, and wrapping each <property> (or attribute)
-            # in its objects costs seconds per 100k cases, so the case's element is read directly.
-            elem = case._elem
+        for elem in _testcases(suite._elem):
+            # junitparser 5 has no per-case properties API, and wrapping each <testcase> and <property>
+            # in its objects costs seconds per 100k cases: the elements are read directly, and only a case
+            # with a result (a few percent) is wrapped for junitparser to read its results.
             props: dict[str, str] = {}
             has_result = False
             for child in elem:
-                if child.tag == "properties":
+                tag = child.tag
+                if tag == "properties":
                     for p in child:
-                        props[p.get("name", "")] = p.get("value", "")
-                elif child.tag in ("failure", "error", "skipped"):
+                        props[intern(p.get("name", ""))] = p.get("value", "")
+                elif tag == "failure" or tag == "error" or tag == "skipped":
                     has_result = True
             key = f"{elem.get('classname', '')}::{elem.get('name', '')}"
             if has_result or "waiver_reason" in props:
-                outcome, message, log = _outcome(case, props, today)
+                outcome, message, log = _outcome(TestCase.fromelem(elem), props, today)
             else:
                 outcome, message, log = "passed", "", ""
             try:
@@ -297,12 +325,19 @@ def _read(path: str, today: datetime.date | None = None) -> _FileRead:
         for props in per_case if shared else ():
             for k in out.common:
                 del props[k]
-    out.rows = [(*row, _entry(row[1], row[5], row[4], row[2], row[3])) for row in out.rows]
+    out.rows = [(*row, _entry(row[0], row[1], row[5], row[4], row[2], row[3])) for row in out.rows]
     return out
 
 
-def _entry(outcome: str, own: Mapping[str, str], seconds: float, message: str, log: str) -> str:
-    """A case's summary.json entry as far as its own file tells, without the closing brace.
+def _testcases(suite: ET.Element) -> Iterator[ET.Element]:
+    """A suite's <testcase>s, then those of its nested suites, in junitparser's order."""
+    yield from suite.iterfind("testcase")
+    for nested in suite.iterfind("testsuite"):
+        yield from _testcases(nested)
+
+
+def _entry(key: str, outcome: str, own: Mapping[str, str], seconds: float, message: str, log: str) -> str:
+    """A case's `"key":{...` member of summary.json's cases as far as its own file tells (no closing brace).
 
     Made where the file is parsed (a worker process), so that writing 100k entries is joining strings.
     """
@@ -313,7 +348,7 @@ def _entry(outcome: str, own: Mapping[str, str], seconds: float, message: str, l
         entry["message"] = message
     if log:
         entry["log_tail"] = log
-    return _COMPACT(entry)[:-1]
+    return f"{_STR(key)}:{_COMPACT(entry)[:-1]}"
 
 
 @contextlib.contextmanager
@@ -356,32 +391,44 @@ def _timestamp(stamp: str) -> float:
         return 0.0
 
 
-def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]], dict[str, Case]]:
+@dataclasses.dataclass
+class _Merged:
+    inputs: list[Input]
+    bad: list[dict[str, str]]
+    cases: dict[str, Case]
+    with_tokens: list[str]  # keys of the cases that stored greedy token ids, for the cross-arch comparison
+
+
+def _fold(reads: Iterable[_FileRead], diff: _Diff) -> _Merged:
     """Merge the files; a case seen more than once is folded, its latest attempt deciding the outcome.
 
     Two entries for one case in one file are one attempt (pytest writes a call failure and a teardown
     error as two <testcase>s), so they combine; entries in different files are reruns, ordered by time.
+    Each case is diffed as it arrives, while the workers still parse the files after it.
     """
-    inputs: list[Input] = []
-    bad: list[dict[str, str]] = []
-    cases: dict[str, Case] = {}
+    m = _Merged([], [], {}, [])
+    inputs, cases, with_tokens = m.inputs, m.cases, m.with_tokens
     first: dict[str, tuple] = {}
     dups: dict[str, list[tuple[int, tuple]]] = {}
     for read in reads:
         if read.problem:
-            bad.append({"path": read.path, "problem": read.problem})
+            m.bad.append({"path": read.path, "problem": read.problem})
             continue
         idx = len(inputs)
         archs = sorted({row[6][1] for row in read.rows}, key=natural)
         inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common))
         common = read.common
+        tokens_common = "greedy_token_ids" in common
         for row in read.rows:
             key = row[0]
             if key in first:
                 dups.setdefault(key, [(cases[key].file, first[key])]).append((idx, row))
                 continue
             first[key] = row
-            cases[key] = Case(key, row[1], row[5], common, row[6], row[8], row[2], row[3], row[4], idx)
+            cases[key] = case = Case(key, row[1], row[5], common, row[6], row[8], row[2], row[3], row[4], idx)
+            diff.case(case)
+            if tokens_common or "greedy_token_ids" in row[5]:
+                with_tokens.append(key)
     for key, entries in dups.items():
         attempts: dict[int, list[tuple]] = {}
         for idx, row in entries:
@@ -393,12 +440,15 @@ def _fold(reads: Iterable[_FileRead]) -> tuple[list[Input], list[dict[str, str]]
         message, log, seconds = "\n".join(r[2] for r in rows if r[2]), _tail(*(r[3] for r in rows)), \
             sum(r[4] for r in rows)
         case = Case(key, worst[1], worst[5], inputs[idx].common, worst[6],
-                    _entry(worst[1], worst[5], seconds, message, log), message, log, seconds, idx,
+                    _entry(key, worst[1], worst[5], seconds, message, log), message, log, seconds, idx,
                     tuple(outcomes) if len(outcomes) > 1 else ())
         if any(o in RED for o in outcomes) and any(o in PASS for o in outcomes):
             case.tag("flaky")
         cases[key] = case
-    return inputs, bad, cases
+        diff.case(case)  # the folded case replaces the first attempt, and its tags
+        if case.prop("greedy_token_ids") is not None:
+            with_tokens.append(key)
+    return m
 
 
 # -------------------------------------------------------------------------------------- previous night
@@ -446,12 +496,13 @@ def load_previous(path: str | Path) -> Previous:
             str(night["night"]), str(night["date"])
         for inp in prev.inputs:
             dict(inp["common"]), dict(inp["properties"])
-        for key, c in prev.cases.items():
-            if c["outcome"] not in OUTCOMES or not isinstance(c["properties"], dict) or \
-                    not isinstance(c.get("history", ""), str):
-                raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties/history")
-            if c.get("file") is not None:
-                prev.inputs[c["file"]]
+        outcomes, files = frozenset(OUTCOMES), range(len(prev.inputs))
+        for key, c in prev.cases.items():  # one pass, cheap checks: it runs for 100k cases a night
+            f = c.get("file")
+            if c["outcome"] not in outcomes or type(c["properties"]) is not dict or \
+                    type(c.get("history", "")) is not str or not (f is None or (type(f) is int and f in files)):
+                raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties, "
+                                 "history or file")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"{path}: previous summary is malformed ({type(e).__name__}: {e})") from None
     return prev
@@ -479,46 +530,51 @@ def _alternates(now: str, history: str) -> bool:
     return sum(a != b for a, b in zip(seq, seq[1:], strict=False)) >= 2
 
 
-def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[str, Any]:
-    """Tag every case against last night and carry what vanished as `missing` (a coverage loss)."""
-    d: dict[str, Any] = {k: [] for k in ("new_failures", "still_failing", "fixed", "newly_skipped",
-                                         "newly_missing", "still_missing", "flaky")}
-    bisect: dict[str, dict[str, Any]] = {}
-    pcases = prev.cases if prev else {}
-    nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
-    for key, pc in pcases.items():
-        if key in cases:
-            continue
-        hist = [pc["outcome"]] + [o for o, _ in history_entries(pc.get("history", ""))][: history - 1]
-        seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
-        if seen is not None:  # a case without a result in any night kept is dropped
-            props = prev.props(pc)
-            message = f"no result tonight (last result: {nights[seen]['night']})"
-            cases[key] = Case(key, "missing", props, {}, _axes(key, props),
-                              _entry("missing", props, 0.0, message, ""), message)
-    for key, c in cases.items():
-        pc = pcases.get(key)
+class _Diff:
+    """Tags cases against last night one at a time (as they are merged), then carries what vanished as
+    `missing` (a coverage loss) and lists every tag."""
+
+    def __init__(self, prev: Previous | None, history: int) -> None:
+        self.prev, self.keep = prev, history
+        self.pcases = prev.cases if prev else {}
+        self.nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
+        self.bisect: dict[str, dict[str, Any]] = {}
+        # the vLLM version of each of last night's files, as history writes it (entries are space-separated)
+        self.file_vllm = [_no_space(i["common"].get("vllm_version", i["properties"].get("vllm_version")))
+                          for i in prev.inputs] if prev else []
+
+    def _vllm(self, pc: Mapping[str, Any]) -> str | None:
+        v = pc["properties"].get("vllm_version")
+        if v is not None:
+            return _no_space(v)
+        f = pc.get("file")
+        return self.file_vllm[f] if f is not None else None
+
+    def case(self, c: Case) -> None:
+        key = c.key
+        pc = self.pcases.get(key)
         before = None
         if pc is not None:
             before = pc["outcome"]
-            vllm = prev.prop(pc, "vllm_version") if before != "missing" else None
-            vllm = "".join(vllm.split()) if vllm else None  # entries are separated by spaces
+            vllm = self._vllm(pc) if before != "missing" else None
             older = pc.get("history", "")
-            c.history = f"{before}@{vllm} {older}" if vllm else f"{before} {older}"
-            if c.history.count(" ") >= history:  # keep `history` nights
-                c.history = c.history.rsplit(" ", c.history.count(" ") - history + 1)[0]
-            c.history = c.history.rstrip()
+            h = f"{before}@{vllm} {older}" if vllm else f"{before} {older}"
+            if h.count(" ") >= self.keep:  # keep `history` nights
+                h = h.rsplit(" ", h.count(" ") - self.keep + 1)[0]
+            c.history = h.rstrip()
         now = c.outcome
+        self.bisect.pop(key, None)  # a rerun folded into this case may have been a new failure
         if now in RED:
             if before in RED:
                 c.tag("still_failing")
             else:
                 c.tag("new_failure")
-                if prev is not None:  # the first night has nothing to bisect against
+                if self.prev is not None:  # the first night has nothing to bisect against
                     entries = history_entries(c.history)
                     last = next((i for i, (o, _) in enumerate(entries) if o in PASS), None)
-                    bisect[key] = {"last_passed_night": nights[last]["night"] if last is not None else None,
-                                   "last_passed_vllm": entries[last][1] if last is not None else None}
+                    self.bisect[key] = {
+                        "last_passed_night": self.nights[last]["night"] if last is not None else None,
+                        "last_passed_vllm": entries[last][1] if last is not None else None}
         elif now in PASS and before in RED:
             c.tag("fixed")
         elif now == "skipped" and before in RAN:
@@ -527,15 +583,38 @@ def _diff(cases: dict[str, Case], prev: Previous | None, history: int) -> dict[s
             c.tag("still_missing" if before == "missing" else "newly_missing")
         if c.history and _alternates(now, c.history):
             c.tag("flaky")
-        for tag in c.tags:
-            d["new_failures" if tag == "new_failure" else tag].append(key)
-    for v in d.values():
-        v.sort()
-    d["bisect"] = bisect
-    have = {c.arch for c in cases.values() if c.outcome != "missing"}
-    d["archs_lost"] = sorted({c.arch for c in cases.values() if c.outcome == "missing"} - have, key=natural)
-    d["nights"] = nights
-    return d
+        c.seal()
+
+    def finish(self, m: _Merged) -> dict[str, Any]:
+        cases = m.cases
+        for key, pc in self.pcases.items():
+            if key in cases:
+                continue
+            hist = [pc["outcome"]] + [o for o, _ in history_entries(pc.get("history", ""))][: self.keep - 1]
+            seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
+            if seen is not None:  # a case without a result in any night kept is dropped
+                props = self.prev.props(pc)  # type: ignore[union-attr]
+                message = f"no result tonight (last result: {self.nights[seen]['night']})"
+                cases[key] = c = Case(key, "missing", props, {}, _axes(key, props),
+                                      _entry(key, "missing", props, 0.0, message, ""), message)
+                self.case(c)
+        d: dict[str, Any] = {k: [] for k in ("new_failures", "still_failing", "fixed", "newly_skipped",
+                                             "newly_missing", "still_missing", "flaky")}
+        for key, c in cases.items():
+            for tag in c.tags:
+                d["new_failures" if tag == "new_failure" else tag].append(key)
+        for v in d.values():
+            v.sort()
+        d["bisect"] = dict(sorted(self.bisect.items()))
+        have = {arch for i in m.inputs for arch in i.archs}
+        d["archs_lost"] = sorted({c.arch for k in d["newly_missing"] + d["still_missing"]
+                                  if (c := cases[k]).arch not in have}, key=natural)
+        d["nights"] = self.nights
+        return d
+
+
+def _no_space(v: str | None) -> str | None:
+    return "".join(v.split()) if v else None
 
 
 # ------------------------------------------------------------------------------- cross-arch agreement
@@ -617,12 +696,13 @@ def build(paths: list[str], previous: str | Path | None, *, night: str, date: da
         if prev is not None and prev.night == night:
             raise ReportError(f"the previous summary is for night {night!r} too; pass last night's "
                               "summary.json or name this run with --night")
-        inputs, bad_files, cases = _fold(reads)
-    diff = _diff(cases, prev, history)
-    cases = dict(sorted(cases.items()))  # every output lists cases in this order
-    disagreements = _agreement(cases.values())
-    return Report(night, date.isoformat(), prev.night if prev else None, history, diff.pop("nights"), inputs,
-                  (bad or []) + bad_files, cases, diff, disagreements)
+        differ = _Diff(prev, history)
+        merged = _fold(reads, differ)
+    diff = differ.finish(merged)
+    cases = {k: merged.cases[k] for k in sorted(merged.cases)}  # every output lists cases in this order
+    disagreements = _agreement(cases[k] for k in sorted(set(merged.with_tokens)))
+    return Report(night, date.isoformat(), prev.night if prev else None, history, diff.pop("nights"),
+                  merged.inputs, (bad or []) + merged.bad, cases, diff, disagreements)
 
 
 def summary_json(report: Report) -> str:
@@ -631,21 +711,12 @@ def summary_json(report: Report) -> str:
         "schema": SCHEMA, "generated_by": "quantmatrix report", "night": report.night, "date": report.date,
         "previous_night": report.previous_night, "history_nights": report.history_nights,
         "nights": report.nights, "exit_code": report.exit_code, "totals": report.totals(),
-        "inputs": [dataclasses.asdict(i) for i in report.inputs], "bad_inputs": report.bad_inputs,
-        "diff": report.diff, "disagreements": report.disagreements,
+        "inputs": [{"path": i.path, "cases": i.cases, "archs": i.archs, "properties": i.properties,
+                    "common": i.common} for i in report.inputs],
+        "bad_inputs": report.bad_inputs, "diff": report.diff, "disagreements": report.disagreements,
     }, separators=(",", ":"))
-    dumps = json.dumps
-    cases = []
-    for key, c in report.cases.items():
-        entry = c.entry
-        if c.file is not None:
-            entry += f',"file":{c.file}'
-        if c.history:
-            entry += f',"history":{dumps(c.history)}'
-        if c.attempts:
-            entry += f',"attempts":{dumps(c.attempts)}'
-        cases.append(f"{dumps(key)}:{entry}}}")
-    return f'{head[:-1]},"cases":{{{",".join(cases)}}}}}'
+    body = ",".join(c.entry for c in report.cases.values())
+    return head[:-1] + ',"cases":{' + body + "}}"
 
 
 # ---------------------------------------------------------------------------------------------- write
@@ -698,17 +769,44 @@ def stamp_testsuite_properties(xml_path: Path, props: Mapping[str, str]) -> None
     write_atomic(xml_path, ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True))
 
 
-def write(report: Report, out: Path) -> dict[str, Path]:
-    """Write the three outputs, each atomically."""
+def write(report: Report, out: Path, jobs: int = 1) -> dict[str, Path]:
+    """Write the three outputs, each atomically; with jobs > 1 summary.json and matrix.md are written by a
+    second process while this one renders the page."""
     from quantmatrix import report_html, report_md  # they import this module's model
 
     out.mkdir(parents=True, exist_ok=True)
     g = grid(report)
     paths = {"summary": out / "summary.json", "matrix": out / "matrix.md", "html": out / "index.html"}
-    write_atomic(paths["summary"], summary_json(report))
-    write_atomic(paths["matrix"], report_md.render(report, g))
-    write_atomic(paths["html"], report_html.render(report, g))
+
+    def summary_and_matrix() -> None:
+        write_atomic(paths["summary"], summary_json(report))
+        write_atomic(paths["matrix"], report_md.render(report, g))
+
+    with _aside(jobs > 1, summary_and_matrix, "summary.json and matrix.md"):
+        write_atomic(paths["html"], report_html.render(report, g))
     return paths
+
+
+@contextlib.contextmanager
+def _aside(parallel: bool, job: Callable[[], None], what: str) -> Iterator[None]:
+    """Run `job` in a forked child while the body runs, else after it.
+
+    Rendering the page and the other two outputs are each about half of the bench's serial tail, and on
+    two cores the second one is idle then. A forked child sees the report copy-on-write: nothing is pickled.
+    """
+    if not parallel or "fork" not in multiprocessing.get_all_start_methods():
+        yield
+        job()
+        return
+    child = multiprocessing.get_context("fork").Process(target=job, name=f"quantmatrix report: {what}")
+    child.start()
+    try:
+        yield
+    finally:
+        child.join()
+    if child.exitcode != 0:
+        raise ReportError(f"writing {what} failed in a child process (exit code {child.exitcode}); its "
+                          "traceback is printed above")
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -763,7 +861,7 @@ def _run(args: argparse.Namespace) -> int:
         files, bad = find_inputs(args.inputs)
         report = build(files, args.previous, night=args.night or date.isoformat(), date=date,
                        history=args.history, jobs=max(1, args.jobs), bad=bad)
-        paths = write(report, args.out)
+        paths = write(report, args.out, max(1, args.jobs))
     except (QuantmatrixError, OSError) as e:
         print(f"quantmatrix report: error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ recount cells in the browser; only cases a maintainer must read (not plain passe
 
 from __future__ import annotations
 
+import bisect
 import html
 import json
 import re
@@ -30,7 +31,7 @@ LOST_BIT = 8
 def _data(report: Report, g: Grid) -> dict[str, Any]:
     row_of = {r: i for i, r in enumerate(g.rows)}
     col_of = {c: i for i, c in enumerate(g.cols)}
-    checks = sorted({c.check for c in report.cases.values()})
+    checks = sorted({c.axes[3] for c in report.cases.values()})
     check_of = {c: i for i, c in enumerate(checks)}
     outcome_of = {o: i for i, o in enumerate(OUTCOMES)}
     cases = list(report.cases.values())
@@ -39,21 +40,25 @@ def _data(report: Report, g: Grid) -> dict[str, Any]:
     cols = {"r": [row_of[c.axes[0]] for c in cases], "k": [col_of[c.axes[1:3]] for c in cases],
             "h": [check_of[c.axes[3]] for c in cases], "o": [outcome_of[c.outcome] for c in cases],
             "f": flags}
-    index = {c.key: i for i, c in enumerate(cases)}
+    keys = list(report.cases)  # sorted: a case's index is found by bisection, no 100k-entry dict needed
+
+    def index(key: str) -> int:
+        return bisect.bisect_left(keys, key)
+
     details = {i: _detail(report, c) for i, c in enumerate(cases) if flags[i] or c.outcome != "passed"}
     d = report.diff
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
-    disagreements = [{"text": describe_disagreement(x), "cases": [index[y["case"]] for y in x["differs"]]}
+    disagreements = [{"text": describe_disagreement(x), "cases": [index(y["case"]) for y in x["differs"]]}
                      for x in report.disagreements]
     return {
         "night": report.night, "previous": report.previous_night, "exit": report.exit_code,
         "totals": report.totals(), "archs_lost": d["archs_lost"], "outcomes": list(OUTCOMES),
         "rows": [[r, g.schemes.get(r, "")] for r in g.rows], "cols": [list(c) for c in g.cols],
         "checks": checks, "cases": cols, "details": details,
-        "lists": {"New failures": [index[k] for k in d["new_failures"]],
-                  "Coverage lost": [index[k] for k in lost],
-                  "Still failing": [index[k] for k in d["still_failing"]],
-                  "Fixed": [index[k] for k in d["fixed"]], "Flaky": [index[k] for k in d["flaky"]]},
+        "lists": {"New failures": [index(k) for k in d["new_failures"]],
+                  "Coverage lost": [index(k) for k in lost],
+                  "Still failing": [index(k) for k in d["still_failing"]],
+                  "Fixed": [index(k) for k in d["fixed"]], "Flaky": [index(k) for k in d["flaky"]]},
         "disagreements": disagreements,
         "bad": report.bad_inputs,
         "runs": [_run(i) for i in report.inputs],
@@ -72,13 +77,12 @@ def _flags(tags: frozenset[str]) -> int:
 
 def _detail(report: Report, c: Case) -> dict[str, Any]:
     """What the page shows of a case that is not a plain pass."""
-    p = c.props
+    prop = c.prop
     det: dict[str, Any] = {"id": c.key, "msg": c.message, "log": c.log_tail,
-                           "vllm": report.vllm_version(c) or "", "device": p.get("device_name", ""),
-                           "runner": p.get("runner", ""), "attempts": c.attempts}
-    if "waiver_reason" in p:
-        det["waiver"] = {"reason": p["waiver_reason"], "link": p.get("waiver_link", ""),
-                         "expires": p.get("waiver_expires", "")}
+                           "vllm": report.vllm_version(c) or "", "device": prop("device_name", ""),
+                           "runner": prop("runner", ""), "attempts": c.attempts}
+    if (reason := prop("waiver_reason")) is not None:
+        det["waiver"] = {"reason": reason, "link": prop("waiver_link", ""), "expires": prop("waiver_expires", "")}
     if c.key in report.diff["bisect"]:
         det["bisect"] = report.diff["bisect"][c.key]
     if c.history:
