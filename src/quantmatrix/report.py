@@ -464,13 +464,6 @@ class Previous:
     inputs: list[dict[str, Any]]
     cases: dict[str, dict[str, Any]]
 
-    def prop(self, case: Mapping[str, Any], name: str) -> str | None:
-        value = case["properties"].get(name)
-        if value is None and case.get("file") is not None:
-            inp = self.inputs[case["file"]]
-            value = inp["common"].get(name, inp["properties"].get(name))
-        return value
-
     def props(self, case: Mapping[str, Any]) -> dict[str, str]:
         f = case.get("file")
         own = case["properties"]
