@@ -1,11 +1,21 @@
 """Thin on purpose: the quantmatrix plugin (a pytest11 entry point) does the work, so `pytest -m sm120` behaves
 the same from any checkout. Run output and benchmarks are never collected."""
 
-from importlib.metadata import entry_points
+from __future__ import annotations
+
+import pytest
 
 collect_ignore = ["reports", "bench"]
 
-# An editable install made before the e2e plugin's entry point existed has metadata without it: load it from
-# here in that case only (loading it twice would be a pytest error).
-if not any(ep.name == "quantmatrix_e2e" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["quantmatrix.e2e_plugin"]
+_PLUGINS = ("quantmatrix", "quantmatrix_e2e")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An environment whose quantmatrix metadata lacks the entry points (installed before they existed, or not
+    installed at all) would run suites/ without the plugin: refuse, rather than half-load it from here."""
+    pm = config.pluginmanager
+    missing = [n for n in _PLUGINS if not pm.has_plugin(n) and not pm.is_blocked(n)]
+    if missing:
+        raise pytest.UsageError(f"the pytest plugin(s) {', '.join(missing)} of quantmatrix are not installed in "
+                                "this environment (an install older than its entry points, or none): run "
+                                "`pip install -e .` in this checkout")

@@ -31,8 +31,8 @@ def main() -> None:
         import torch  # noqa: F401  (imports counted once, separately)
         import transformers  # noqa: F401
 
-        from quantmatrix import checkpoints
-        from quantmatrix.matrix import load
+        from quantmatrix.checkpoints import store
+        from quantmatrix.schema.load import load
 
         t_import = time.perf_counter() - t0
         matrix = load(args.matrix)
@@ -41,13 +41,13 @@ def main() -> None:
             family = [c for c in matrix.checkpoints
                       if c.source.kind == "synthetic" and c.source.value.get("model", "qwen3_moe") == model]
             t = time.perf_counter()
-            dirs = [checkpoints.materialize(c) for c in family]
+            dirs = [store.materialize(c) for c in family]
             cold = time.perf_counter() - t
             size = sum(_size(d) for d in dirs)
             t = time.perf_counter()
             for _ in range(10):
                 for c in family:
-                    checkpoints.materialize(c)
+                    store.materialize(c)
             cached = (time.perf_counter() - t) / (10 * len(family))
             print(f"{model}: {len(family)} checkpoints (bf16 + {len(family) - 1} NVFP4 variants) built in "
                   f"{cold:.2f} s ({cold / len(family) * 1000:.0f} ms each incl. the shared bf16 build), "

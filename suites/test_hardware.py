@@ -1,13 +1,8 @@
 """The GPU under test is what the cell says, and the mode really reaches it."""
 
-from quantmatrix import probe
+from quantmatrix.checks import hardware
 
 
-def test_device_identity(cell, record_property):
+def test_device_identity(case, device_seen, judge):
     """A child process with the mode's environment sees exactly the cell's arch, and its allocator setting."""
-    seen = probe.run(cell.mode.env)
-    record_property("device_name", seen.name)
-    record_property("device_capability", f"{seen.capability[0]}.{seen.capability[1]}")
-    record_property("reserved_after_free", seen.reserved_after_free)
-    problem = probe.verdict(cell, seen)
-    assert problem is None, problem
+    judge(hardware.device_verdict, case, device_seen)

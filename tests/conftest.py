@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix.report import stamp_testsuite_properties
+from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
 
 SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
 HOST = SPEC["host"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantmatrix.schema.model import Case, Cell, Matrix
+
 SMALL = """\
 version: 1
 archs:
@@ -39,3 +41,9 @@ def write(tmp: Path, text: str = SMALL, name: str = "m.yaml") -> Path:
     path = tmp / name
     path.write_text(text)
     return path
+
+
+def case_for(matrix: Matrix, checkpoint_id: str, check: str, arch: str = "sm121", mode: str = "default") -> Case:
+    """The matrix's case of `check` on one cell, as the plugin would parametrize it."""
+    ck = next(c for c in matrix.checkpoints if c.id == checkpoint_id)
+    return Case(matrix.checks[check], Cell(ck, matrix.arch(arch), matrix.mode(mode)), None)

@@ -7,9 +7,9 @@ import json
 import pytest
 from matrixkit import write
 
-from quantmatrix import checkpoints
+from quantmatrix.checkpoints import configs, store
 from quantmatrix.errors import CheckpointUnavailable
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 
 @pytest.fixture
@@ -21,9 +21,9 @@ def matrix(tmp_path, monkeypatch):
 def test_same_spec_same_directory_and_a_changed_spec_a_new_one(matrix):
     """The cache key is the spec's content: asking twice reuses, a different scheme gets its own directory."""
     wo, w4a4 = matrix.checkpoints
-    first = checkpoints.materialize(wo)
-    assert checkpoints.materialize(wo) == first
-    assert checkpoints.materialize(w4a4) != first
+    first = store.materialize(wo)
+    assert store.materialize(wo) == first
+    assert store.materialize(w4a4) != first
     group = json.loads((first / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
     assert group["input_activations"] is None
 
@@ -36,17 +36,17 @@ def test_a_killed_build_leaves_nothing_a_later_run_trusts(matrix, monkeypatch):
         (out / "config.json").write_text("{")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoints, "write", die)
+    monkeypatch.setattr(store, "write", die)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.materialize(wo)
-    root = checkpoints.cache_root() / "checkpoints"
+        store.materialize(wo)
+    root = store.cache_root() / "checkpoints"
     assert list(root.iterdir()) == []
     monkeypatch.undo()
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(root.parent))
-    final = root / f"{wo.id}-{checkpoints.spec_of(wo).digest()[:16]}"
+    final = root / f"{wo.id}-{configs.digest(store.spec_of(wo))[:16]}"
     final.mkdir()
     (final / "config.json").write_text("{")  # a leftover without the completion marker
-    assert checkpoints.materialize(wo) == final
+    assert store.materialize(wo) == final
     assert json.loads((final / "config.json").read_text())["model_type"] == "qwen3_moe"
 
 
@@ -55,7 +55,7 @@ def test_hub_checkpoint_absent_from_local_cache_says_how_to_get_it(tmp_path, mon
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(CheckpointUnavailable, match="hf download nvidia/Qwen3-30B-A3B-NVFP4 "
                                                     "--revision main"):
-        checkpoints.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main")
+        store.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main")
 
 
 def test_hub_checkpoint_is_found_in_a_fake_local_cache(tmp_path, monkeypatch):
@@ -67,4 +67,4 @@ def test_hub_checkpoint_is_found_in_a_fake_local_cache(tmp_path, monkeypatch):
     (base / "refs" / "main").write_text(commit)
     (base / "snapshots" / commit).mkdir(parents=True)
     (base / "snapshots" / commit / "config.json").write_text("{}")
-    assert checkpoints.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main") == base / "snapshots" / commit
+    assert store.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main") == base / "snapshots" / commit

@@ -8,16 +8,17 @@ import junitparser
 import pytest
 from matrixkit import write
 
-from quantmatrix import cli, hardware
+from quantmatrix import cli
+from quantmatrix.host import detect
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def no_cuda(monkeypatch):
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([], "faked"))
-    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
 
 
 def test_list_prints_every_cell_with_its_checks(tmp_path, capsys):
@@ -31,7 +32,7 @@ def test_list_prints_every_cell_with_its_checks(tmp_path, capsys):
 def test_detect_names_the_markers_this_host_satisfies_with_cuda_queries_faked(tmp_path, capsys, no_cuda,
                                                                                monkeypatch):
     """`detect` on a (faked) GB10 lists sm121 and its aliases, nothing else, plus the vLLM/torch versions."""
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([hardware.Device(0, "NVIDIA GB10", (12, 1))], ""))
+    monkeypatch.setattr(detect, "query_torch", lambda: ([detect.Device(0, "NVIDIA GB10", (12, 1))], ""))
     assert cli.main(["detect", "--matrix", str(write(tmp_path))]) == 0
     out = capsys.readouterr().out
     assert "gpu-tier markers this host satisfies: sm121 gb10 dgx_spark" in out

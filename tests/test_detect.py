@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from matrixkit import write
 
-from quantmatrix import hardware, probe
-from quantmatrix.matrix import Cell, load
+from quantmatrix.checks import hardware
+from quantmatrix.host import detect, probe
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Case, Cell
 
 
 @pytest.fixture
@@ -16,9 +18,9 @@ def matrix(tmp_path):
 
 @pytest.fixture
 def no_cuda(monkeypatch):
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([], "faked"))
-    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
 
 
 @pytest.mark.parametrize(("cap", "arch"), [((10, 0), "sm100"), ((12, 0), "sm120"), ((12, 1), "sm121"),
@@ -32,48 +34,48 @@ def test_capability_maps_to_exactly_one_family(matrix, cap, arch):
 def test_nvidia_smi_rows_are_parsed_with_output_faked():
     """The driver's csv rows become devices with integer capabilities."""
     out = "0, NVIDIA GB10, 12.1\n1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0\n"
-    assert hardware.parse_nvidia_smi(out) == [
-        hardware.Device(0, "NVIDIA GB10", (12, 1)),
-        hardware.Device(1, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", (12, 0))]
+    assert detect.parse_nvidia_smi(out) == [
+        detect.Device(0, "NVIDIA GB10", (12, 1)),
+        detect.Device(1, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", (12, 0))]
 
 
 def test_override_beats_env_beats_driver_beats_torch_with_cuda_queries_faked(matrix, monkeypatch):
     """--arch wins over QUANTMATRIX_ARCH, which wins over nvidia-smi, which wins over torch.cuda."""
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([hardware.Device(0, "torch view", (9, 0))], ""))
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: [hardware.Device(0, "NVIDIA GB10", (12, 1))])
-    monkeypatch.setenv(hardware.ARCH_ENV, "rtx_pro_6000")
-    assert hardware.detect(matrix, "b200").source == "--arch"
-    assert hardware.detect(matrix).archs(matrix)[0].name == "sm120"
-    monkeypatch.delenv(hardware.ARCH_ENV)
-    host = hardware.detect(matrix)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([detect.Device(0, "torch view", (9, 0))], ""))
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: [detect.Device(0, "NVIDIA GB10", (12, 1))])
+    monkeypatch.setenv(detect.ARCH_ENV, "rtx_pro_6000")
+    assert detect.detect(matrix, "b200").source == "--arch"
+    assert detect.detect(matrix).archs(matrix)[0].name == "sm120"
+    monkeypatch.delenv(detect.ARCH_ENV)
+    host = detect.detect(matrix)
     assert (host.source, [a.name for a in host.archs(matrix)]) == ("nvidia-smi", ["sm121"])
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
-    assert hardware.detect(matrix).source == "torch.cuda"
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    assert detect.detect(matrix).source == "torch.cuda"
 
 
 def test_unknown_gpu_is_described_not_mapped_with_cuda_queries_faked(matrix, monkeypatch, no_cuda):
     """A GPU outside the matrix is named with its family so the skip reason explains the miss."""
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([hardware.Device(0, "NVIDIA L4", (8, 9))], ""))
-    host = hardware.detect(matrix)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([detect.Device(0, "NVIDIA L4", (8, 9))], ""))
+    host = detect.detect(matrix)
     assert host.archs(matrix) == []
     assert host.describe(matrix) == "cuda:0 NVIDIA L4 [sm89, not in the matrix]"
 
 
 def test_no_cuda_is_described_with_its_cause(matrix, no_cuda):
     """No device at all says so, with the reason the provider gave."""
-    assert hardware.detect(matrix).describe(matrix) == "no CUDA device (faked)"
+    assert detect.detect(matrix).describe(matrix) == "no CUDA device (faked)"
 
 
 def test_env_override_with_typo_is_a_matrix_error(matrix, monkeypatch, no_cuda):
     """QUANTMATRIX_ARCH must name an arch of the matrix; a typo says which it was closest to."""
-    monkeypatch.setenv(hardware.ARCH_ENV, "sm12l")
+    monkeypatch.setenv(detect.ARCH_ENV, "sm12l")
     with pytest.raises(Exception, match=r"QUANTMATRIX_ARCH=sm12l: .*no arch 'sm12l'"):
-        hardware.detect(matrix)
+        detect.detect(matrix)
 
 
 def test_real_torch_query_is_consistent_on_this_host():
     """The real torch provider never raises; without CUDA it says why."""
-    devices, note = hardware.query_torch()
+    devices, note = detect.query_torch()
     assert devices or note
 
 
@@ -92,5 +94,5 @@ def _cell(matrix, arch: str, mode: str) -> Cell:
 ])
 def test_device_identity_verdict_with_probe_results_faked(matrix, arch, mode, seen, fragment):
     """The gpu-tier identity check judges (faked) probe output: exact arch, and the mode's allocator in effect."""
-    problem = probe.verdict(_cell(matrix, arch, mode), seen)
+    problem = hardware.device_verdict(Case(None, _cell(matrix, arch, mode), None), seen).problem
     assert (problem is None) if fragment is None else (fragment in problem), problem

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from matrixkit import case_for
 from prefix_bug import revert_weight_only_promotion
 
-from quantmatrix import checkpoints, dispatch, vllm_adapter
-from quantmatrix.matrix import load
+from quantmatrix.adapter import config
+from quantmatrix.checkpoints import store
+from quantmatrix.checks import dispatch
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = load(ROOT / "matrices" / "default.yaml")
@@ -22,10 +25,10 @@ def cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path_factory.getbasetemp() / "qm-cache"))
 
 
-def _resolve(checkpoint_id: str) -> tuple[vllm_adapter.Resolution, str]:
+def _resolve(checkpoint_id: str) -> tuple[config.Resolution, str]:
     ck = next(c for c in DEFAULT.checkpoints if c.id == checkpoint_id)
-    path = checkpoints.materialize(ck)
-    return vllm_adapter.resolve(path), dispatch.config_shape(path)
+    path = store.materialize(ck)
+    return config.resolve(path), dispatch.config_shape(path)
 
 
 @pytest.mark.parametrize(("checkpoint_id", "scheme", "algo", "shape"), [
@@ -56,7 +59,7 @@ def test_reverted_fix_routes_weight_only_to_w4a4_with_a_message_about_input_scal
     ck = next(c for c in DEFAULT.checkpoints if c.id == "qwen3moe-tiny-nvfp4-weight-only")
     got, shape = _resolve(ck.id)
     assert got.scheme == "w4a4"
-    problem = dispatch.verdict(ck, got, shape)
+    problem = dispatch.config_verdict(case_for(DEFAULT, ck.id, "config_dispatch"), store.materialize(ck), got).problem
     assert problem.startswith("weight-only NVFP4 checkpoint resolved to W4A4 NVFP4 (modelopt_fp4/NVFP4): "
                               "the fused-MoE path would fold an uninitialised input_scale into g1_alphas")
 

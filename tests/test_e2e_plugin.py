@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import os
 import re
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
 
-from quantmatrix.e2e_plugin import gpu_pin
-from quantmatrix.engine_child import FAULT_ENV
-
-# The entry point is only in the metadata of an install made after it was added; load the module otherwise.
-PLUGIN_ARGS = [] if any(ep.name == "quantmatrix_e2e" for ep in entry_points(group="pytest11")) else [
-    "-p", "quantmatrix.e2e_plugin"]
+from quantmatrix.engine.protocol import FAULT_ENV
+from quantmatrix.pytest_plugin.e2e import gpu_pin
 
 MATRIX = f"""\
 version: 1
@@ -52,7 +47,7 @@ e2e:
 """
 
 TESTS = """\
-from quantmatrix import verdicts
+from quantmatrix.checks import e2e as verdicts
 
 def test_degeneration(case, engine_run, judge):
     judge(verdicts.degeneration, case, engine_run)
@@ -81,7 +76,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 def test_each_group_starts_once_and_every_failure_is_a_failed_case(project):
     """3 groups, 5 cases: 3 starts; each case fails with its group's cause and the log's last lines; the hang
     is killed and the others still run; the gpu-tier agreement cell of `hang` is skipped with the reason."""
-    result = project.runpytest_subprocess("--matrix", "m.yaml", *PLUGIN_ARGS, "-rs")
+    result = project.runpytest_subprocess("--matrix", "m.yaml", "-rs")
     result.assert_outcomes(failed=5, skipped=1)
     result.stdout.fnmatch_lines([
         "*tiny@sm121-default: the engine run failed: the child exited with status 3 without a result*",
@@ -93,19 +88,43 @@ def test_each_group_starts_once_and_every_failure_is_a_failed_case(project):
     ])
 
 
-def test_under_xdist_a_group_stays_on_one_worker_and_starts_once(project):
-    """-n 2 --dist loadgroup: still one start per group, and both checks of a group report the same worker."""
-    result = project.runpytest_subprocess("--matrix", "m.yaml", *PLUGIN_ARGS, "-n", "2", "--dist", "loadgroup",
-                                          "-k", "not hang", "-v")
-    result.assert_outcomes(failed=4)
-    result.stdout.fnmatch_lines(["*2 engine starts for 4 e2e cases*"])
+def _workers(result: pytest.RunResult) -> dict[str, set[str]]:
+    """cell -> the xdist workers that reported its cases (from `-v` lines like `[gw1] FAILED test_x[cell]`)."""
     workers: dict[str, set[str]] = {}
     for line in result.stdout.lines:
         hit = re.match(r"\[(gw\d+)\] .*FAILED \S+\[(\S+)\]", line)
         if hit:
             workers.setdefault(hit[2], set()).add(hit[1])
+    return workers
+
+
+def test_under_xdist_a_group_stays_on_one_worker_and_starts_once(project):
+    """-n 2 --dist loadgroup: still one start per group, and both checks of a group report the same worker."""
+    result = project.runpytest_subprocess("--matrix", "m.yaml", "-n", "2", "--dist", "loadgroup",
+                                          "-k", "not hang", "-v")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["*2 engine starts for 4 e2e cases*"])
+    workers = _workers(result)
     assert set(workers) == {"tiny@sm121-default", "tiny@sm121-crash"}
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_more_groups_than_workers_each_group_on_one_worker_with_one_start(project):
+    """7 groups (7 modes whose child quits at once), 2 checks each, under -n 3 --dist loadgroup: every group's
+    cases ran on one worker, the groups spread over the workers, and each group started exactly one engine.
+    The xdist group of a cell holds no '@' (loadgroup reads the text after the last '@' of a node id)."""
+    modes = "".join(f"  - {{name: m{i}, env: {{{FAULT_ENV}: exit}}, label: quits}}\n" for i in range(7))
+    text = MATRIX.replace(MATRIX[MATRIX.index("modes:\n"):MATRIX.index("schemes:")], f"modes:\n{modes}")
+    text = text.replace("reference_mode: default", "reference_mode: m0").replace(
+        "cpu_cells: [{mode: [default, crash]}]", "cpu_cells: [{arch: sm121}]")
+    project.makefile(".yaml", m=text)
+    result = project.runpytest_subprocess("--matrix", "m.yaml", "-n", "3", "--dist", "loadgroup", "-v")
+    result.assert_outcomes(failed=14)
+    result.stdout.fnmatch_lines(["*7 engine starts for 14 e2e cases*"])
+    workers = _workers(result)
+    assert set(workers) == {f"tiny@sm121-m{i}" for i in range(7)}
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert len(set().union(*workers.values())) > 1  # the groups were spread, not all put on one worker
 
 
 @pytest.mark.parametrize(("worker", "visible", "pin"), [

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix import checkpoints, engine, quality
-from quantmatrix.engine_child import FAULT_ENV
-from quantmatrix.matrix import Cell, load
+from quantmatrix.checkpoints import store
+from quantmatrix.checks import quality
+from quantmatrix.engine import runner as engine
+from quantmatrix.engine.protocol import FAULT_ENV
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = load(ROOT / "matrices" / "default.yaml")
@@ -43,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
 def poison_run(tmp_path_factory: pytest.TempPathFactory) -> engine.GroupRun:
     """One real engine start: the bf16 checkpoint in mode poison_nan, as the e2e tier runs it."""
     cell = _cell("poison_nan")
-    model = checkpoints.materialize(BF16)
+    model = store.materialize(BF16)
     req = engine.build_request(E2E, cell, model, "cpu")
     env = engine.child_env(E2E, cell, "cpu", os.environ)
     return engine.run_child(req, tmp_path_factory.mktemp("poison_nan"), env, E2E.timeout_s)
@@ -133,7 +136,7 @@ def test_an_import_error_is_named(tmp_path):
 
 def test_the_engine_refusing_the_config_is_named(tmp_path):
     """Real vLLM, no engine start: max_model_len beyond the model's positions is refused at load."""
-    req = _request(model=checkpoints.materialize(BF16), max_model_len=100_000)
+    req = _request(model=store.materialize(BF16), max_model_len=100_000)
     run = engine.run_child(req, tmp_path, _env(), timeout_s=300)
     assert run.failure is not None and run.failure.cause == "the engine refused the config", run.failure.message()
     assert "max_model_len" in run.failure.detail
@@ -154,7 +157,7 @@ def test_classify(result, log, cause):
 _STORE_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from quantmatrix import engine
+    from quantmatrix.engine import runner as engine
     req, env = json.loads(sys.argv[2]), json.loads(sys.argv[3])
     run = engine.Store(Path(sys.argv[1])).get_or_run(req, env, 3)
     print(json.dumps([run.failure.cause, len(engine.Store(Path(sys.argv[1])).starts())]))

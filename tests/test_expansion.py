@@ -6,7 +6,7 @@ import datetime
 
 from matrixkit import SMALL, write
 
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 
 def test_full_product_without_selectors(tmp_path):

@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from quantmatrix import checkpoints, nvfp4
-from quantmatrix.checkpoints import commands, lint, verify
+from quantmatrix import cli
+from quantmatrix.checkpoints import configs, lint, make, nvfp4, store
 from quantmatrix.checkpoints.base import LAYOUTS, REFERENCE_FILE
-from quantmatrix.checkpoints.configs import SyntheticSpec
+from quantmatrix.checks import checkpoint as verify
 from quantmatrix.errors import MatrixError, QuantmatrixError
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
+from quantmatrix.schema.synthetic import SyntheticSpec
 
 MO = dict(producer="modelopt", scheme="nvfp4_w4a4")
 CT = dict(producer="compressed-tensors", scheme="nvfp4_w4a4")
@@ -27,7 +28,7 @@ CT = dict(producer="compressed-tensors", scheme="nvfp4_w4a4")
 def build(tmp_path: Path, name: str = "ck", **fields) -> Path:
     out = tmp_path / name
     out.mkdir()
-    checkpoints.write(SyntheticSpec(**fields), out)
+    store.write(SyntheticSpec(**fields), out)
     return out
 
 
@@ -84,7 +85,7 @@ def test_dequantized_is_the_exported_tensors_dequantized(tmp_path):
     arithmetic, with 1/weight_global_scale for compressed-tensors), and the bf16 weights elsewhere."""
     for name, fields in (("mo", MO), ("ct", CT)):
         ck = build(tmp_path, name, model="mixtral", **fields)
-        q, dq = tensors(ck), tensors(ck / checkpoints.DEQUANTIZED)
+        q, dq = tensors(ck), tensors(ck / store.DEQUANTIZED)
         m = "model.layers.0.block_sparse_moe.experts.1.w2"
         if name == "mo":
             want = nvfp4.dequantize(q[f"{m}.weight"], q[f"{m}.weight_scale"], q[f"{m}.weight_scale_2"])
@@ -92,7 +93,7 @@ def test_dequantized_is_the_exported_tensors_dequantized(tmp_path):
             want = nvfp4.dequantize(q[f"{m}.weight_packed"], q[f"{m}.weight_scale"], 1 / q[f"{m}.weight_global_scale"])
         assert torch.equal(dq[f"{m}.weight"], want)
         assert torch.equal(dq["lm_head.weight"], q["lm_head.weight"])
-        assert "quantization_config" not in json.loads((ck / checkpoints.DEQUANTIZED / "config.json").read_text())
+        assert "quantization_config" not in json.loads((ck / store.DEQUANTIZED / "config.json").read_text())
 
 
 def test_quantize_attention_flag(tmp_path):
@@ -177,18 +178,18 @@ def test_logit_bound_rejects_a_broken_quantizer(tmp_path):
     far past verify.LOGIT_REL_ERROR_BOUND."""
     bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
     ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
-    assert verify.dequant_error(ck, bf16).verdict() is None
-    q, dq = tensors(ck), tensors(ck / checkpoints.DEQUANTIZED)
+    assert verify.dequant_error(ck, bf16).problem() is None
+    q, dq = tensors(ck), tensors(ck / store.DEQUANTIZED)
     for name in [k for k in q if k.endswith(".weight") and q[k].dtype == torch.uint8]:
         m = name.removesuffix(".weight")
         swapped = (q[name] >> 4) | (q[name] << 4)
         dq[name] = nvfp4.dequantize(swapped, q[f"{m}.weight_scale"], q[f"{m}.weight_scale_2"])
     from safetensors.torch import save_file
 
-    save_file(dq, str(ck / checkpoints.DEQUANTIZED / "model.safetensors"))
+    save_file(dq, str(ck / store.DEQUANTIZED / "model.safetensors"))
     err = verify.dequant_error(ck, bf16)
     assert err.rel_error > 2 * verify.LOGIT_REL_ERROR_BOUND and err.top1 < verify.TOP1_AGREEMENT_BOUND
-    assert "strays from bf16" in err.verdict()
+    assert "strays from bf16" in err.problem()
 
 
 MATRIX = textwrap.dedent("""\
@@ -215,7 +216,7 @@ def test_matrix_flags_reach_the_spec(tmp_path):
     """The new synthetic keys parse from YAML into the spec (lists -> tuples, the fault mapping -> pairs)."""
     (tmp_path / "m.yaml").write_text(MATRIX % "nan")
     ck = load(tmp_path / "m.yaml").checkpoints[0]
-    spec = checkpoints.spec_of(ck)
+    spec = store.spec_of(ck)
     assert spec.omit_tensors == ("model.layers.0.block_sparse_moe.experts.1.w2.input_scale",)
     assert spec.corrupt_tensors == (("model.layers.1.block_sparse_moe.experts.0.w1.weight_scale_2", "nan"),)
     assert ck.expectation("lint") == ("missing_tensor", "bad_value", "inconsistent")
@@ -233,13 +234,13 @@ def test_cache_is_content_addressed_and_atomic(tmp_path, monkeypatch):
     leaves neither a trusted entry nor its temp dir; a leftover without the completion marker is rebuilt."""
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
     spec = SyntheticSpec(model="mixtral", **MO)
-    first = checkpoints.materialize_spec(spec, "x")
-    assert (first / checkpoints.DEQUANTIZED / "model.safetensors").is_file()
+    first = store.materialize_spec(spec, "x")
+    assert (first / store.DEQUANTIZED / "model.safetensors").is_file()
 
     def refuse(*_a, **_k):
         raise AssertionError("rebuilt a cached spec")
-    monkeypatch.setattr(checkpoints, "build", refuse)
-    assert checkpoints.materialize_spec(spec, "x") == first
+    monkeypatch.setattr(store, "build", refuse)
+    assert store.materialize_spec(spec, "x") == first
     monkeypatch.undo()
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
 
@@ -248,16 +249,16 @@ def test_cache_is_content_addressed_and_atomic(tmp_path, monkeypatch):
     def killed(_spec, out):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
-    monkeypatch.setattr(checkpoints, "write", killed)
+    monkeypatch.setattr(store, "write", killed)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.materialize_spec(other, "x")
+        store.materialize_spec(other, "x")
     assert sorted(p.name for p in (tmp_path / "cache" / "checkpoints").iterdir()) == [first.name]
     monkeypatch.undo()
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
-    stale = first.parent / f"x-{other.digest()[:16]}"
+    stale = first.parent / f"x-{configs.digest(other)[:16]}"
     stale.mkdir()
     (stale / "config.json").write_text("{}")  # half a checkpoint, no marker
-    rebuilt = checkpoints.materialize_spec(other, "x")
+    rebuilt = store.materialize_spec(other, "x")
     assert rebuilt == stale and (rebuilt / "model.safetensors").is_file()
 
 
@@ -266,15 +267,16 @@ def test_checkpoint_make_and_list(tmp_path, capsys):
     a non-empty DIR and suggests the closest id for a typo; `checkpoint list` names every checkpoint."""
     (tmp_path / "m.yaml").write_text(MATRIX % "zero")
     out = tmp_path / "handed-over"
-    assert commands.main(["make", "tiny-w4a4-hole", "--out", str(out), "--matrix", str(tmp_path / "m.yaml")]) == 0
+    make_args = ["checkpoint", "make", "tiny-w4a4-hole", "--out", str(out), "--matrix", str(tmp_path / "m.yaml")]
+    assert cli.main(make_args) == 0
     assert lint.lint(out).codes() == {"missing_tensor", "bad_value", "inconsistent"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert commands.main(["make", "tiny-w4a4-hole", "--out", str(out), "--matrix", str(tmp_path / "m.yaml")]) == 2
+    assert cli.main(make_args) == 2
     assert "not an empty directory" in capsys.readouterr().err
-    assert commands.main(["make", "tiny-w4a4-hol", "--out", str(tmp_path / "o"), "--matrix",
+    assert cli.main(["checkpoint", "make", "tiny-w4a4-hol", "--out", str(tmp_path / "o"), "--matrix",
                           str(tmp_path / "m.yaml")]) == 2
     assert "did you mean 'tiny-w4a4-hole'" in capsys.readouterr().err
-    assert commands.main(["list", "--matrix", str(tmp_path / "m.yaml")]) == 0
+    assert cli.main(["checkpoint", "list", "--matrix", str(tmp_path / "m.yaml")]) == 0
     assert capsys.readouterr().out.startswith("tiny-w4a4-hole\tmodelopt\tnvfp4_w4a4\tsynthetic model=mixtral")
 
 
@@ -286,4 +288,4 @@ def test_make_refuses_non_synthetic(tmp_path):
         """)
     (tmp_path / "m.yaml").write_text(doc)
     with pytest.raises(QuantmatrixError, match="path source, not synthetic"):
-        commands.make(load(tmp_path / "m.yaml"), "local", tmp_path / "o")
+        make.make(load(tmp_path / "m.yaml"), "local", tmp_path / "o")

@@ -11,8 +11,9 @@ import huggingface_hub
 import pytest
 from matrixkit import SMALL, write
 
-from quantmatrix import checkpoints, cli, fetch
-from quantmatrix.matrix import load
+from quantmatrix import cli
+from quantmatrix.checkpoints import fetch, store
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = "89abcdef0123456789abcdef0123456789abcdef"
@@ -68,27 +69,27 @@ def test_fetch_downloads_what_is_missing_and_the_resolver_finds_it_with_snapshot
         hub, matrix_file, tmp_path, capsys):
     """Each absent checkpoint is asked for at its revision into the cache the plugin reads; afterwards the
     plugin's resolver finds both, a branch through refs/ and a pinned commit directly."""
-    assert fetch.main(["--matrix", str(matrix_file)]) == 0
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 0
     cache = str(tmp_path / "hub")
     assert hub.calls == [("org/wo-nvfp4", "main", cache), ("org/w4a4-nvfp4", PINNED, cache)]
-    assert checkpoints.resolve_hub("org/wo-nvfp4", "main").name == "f" * 40
-    assert checkpoints.resolve_hub("org/w4a4-nvfp4", PINNED).name == PINNED
+    assert store.resolve_hub("org/wo-nvfp4", "main").name == "f" * 40
+    assert store.resolve_hub("org/w4a4-nvfp4", PINNED).name == PINNED
     assert "2 of 2 downloaded" in capsys.readouterr().out
 
 
 def test_fetch_skips_what_is_cached_with_snapshot_download_faked(hub, matrix_file, capsys):
     """A second run asks for nothing and says where each checkpoint already is."""
-    assert fetch.main(["--matrix", str(matrix_file)]) == 0
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 0
     hub.calls.clear()
     capsys.readouterr()
-    assert fetch.main(["--matrix", str(matrix_file)]) == 0
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 0
     assert hub.calls == []
     out = capsys.readouterr().out
     assert "tiny-wo: org/wo-nvfp4@main, 2 GB, cached at" in out and "0 of 2 not in" in out
 
 
 def test_fetch_only_takes_the_named_checkpoints_with_snapshot_download_faked(hub, matrix_file):
-    assert fetch.main(["--matrix", str(matrix_file), "--only", "tiny-w4a4"]) == 0
+    assert cli.main(["fetch", "--matrix", str(matrix_file), "--only", "tiny-w4a4"]) == 0
     assert [c[0] for c in hub.calls] == ["org/w4a4-nvfp4"]
 
 
@@ -96,7 +97,7 @@ def test_a_failed_download_is_reported_and_the_rest_still_fetched_with_snapshot_
         hub, matrix_file, capsys):
     """Exit 1, naming the checkpoint and the error; the other checkpoint is still downloaded."""
     hub.fail = ("org/wo-nvfp4",)
-    assert fetch.main(["--matrix", str(matrix_file)]) == 1
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 1
     assert [c[0] for c in hub.calls] == ["org/wo-nvfp4", "org/w4a4-nvfp4"]
     captured = capsys.readouterr()
     assert "tiny-wo: OSError: faked: org/wo-nvfp4 unreachable" in captured.err
@@ -106,17 +107,17 @@ def test_a_failed_download_is_reported_and_the_rest_still_fetched_with_snapshot_
 def test_dry_run_prints_every_download_line_of_real_yaml_and_downloads_nothing(hub, capsys):
     """On an empty cache, --dry-run over matrices/real.yaml prints the `hf download` line of every checkpoint
     (the same line a skipped case names) and the known download size, without calling the hub."""
-    assert fetch.main(["--matrix", str(ROOT / "matrices" / "real.yaml"), "--dry-run"]) == 0
+    assert cli.main(["fetch", "--matrix", str(ROOT / "matrices" / "real.yaml"), "--dry-run"]) == 0
     assert hub.calls == []
     out = capsys.readouterr().out
     real = load(ROOT / "matrices" / "real.yaml")
     for c in real.checkpoints:
-        assert f"\n{checkpoints.download_command(*c.source.value)}\n" in f"\n{out}"
+        assert f"\n{store.download_command(*c.source.value)}\n" in f"\n{out}"
     known = sum(c.size_gb for c in real.checkpoints if c.size_gb)
     unknown = sum(1 for c in real.checkpoints if c.size_gb is None)
     n = len(real.checkpoints)
     tail = f", plus {unknown} of unknown size" if unknown else ""
-    assert f"{n} of {n} not in {checkpoints.hub_cache()}: about {known:g} GB to download{tail}\n" in out
+    assert f"{n} of {n} not in {store.hub_cache()}: about {known:g} GB to download{tail}\n" in out
 
 
 def test_fetch_is_a_quantmatrix_subcommand(hub, matrix_file, capsys):
@@ -127,7 +128,7 @@ def test_fetch_is_a_quantmatrix_subcommand(hub, matrix_file, capsys):
 def test_fetch_refuses_to_start_offline(hub, matrix_file, monkeypatch, capsys):
     """HF_HUB_OFFLINE (set for test runs) would make every download fail: refused up front, saying so."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert fetch.main(["--matrix", str(matrix_file)]) == 2
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 2
     assert hub.calls == []
     assert "HF_HUB_OFFLINE is set" in capsys.readouterr().err
 
@@ -136,7 +137,7 @@ def test_fetch_refuses_to_start_without_the_disk_space_with_free_space_faked(hub
                                                                               capsys):
     """The known sizes are checked against the free space of the cache's disk before any download starts."""
     monkeypatch.setattr(fetch, "_free_bytes", lambda path: 1_000_000_000)
-    assert fetch.main(["--matrix", str(matrix_file)]) == 2
+    assert cli.main(["fetch", "--matrix", str(matrix_file)]) == 2
     assert hub.calls == []
     assert "need about 2 GB but" in capsys.readouterr().err
 
@@ -146,12 +147,12 @@ def test_fetch_refuses_to_start_without_the_disk_space_with_free_space_faked(hub
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_usage_errors_exit_2(hub, matrix_file, capsys, args, fragment):
-    assert fetch.main(["--matrix", str(matrix_file), *args]) == 2
+    assert cli.main(["fetch", "--matrix", str(matrix_file), *args]) == 2
     assert fragment in capsys.readouterr().err
 
 
 def test_a_matrix_without_hub_checkpoints_has_nothing_to_fetch(hub, tmp_path, capsys):
-    assert fetch.main(["--matrix", str(write(tmp_path, SMALL)), "--only", "tiny-wo"]) == 2
+    assert cli.main(["fetch", "--matrix", str(write(tmp_path, SMALL)), "--only", "tiny-wo"]) == 2
     assert "a synthetic checkpoint" in capsys.readouterr().err
-    assert fetch.main(["--matrix", str(write(tmp_path, SMALL))]) == 2
+    assert cli.main(["fetch", "--matrix", str(write(tmp_path, SMALL))]) == 2
     assert "has no hub checkpoints: nothing to fetch" in capsys.readouterr().err

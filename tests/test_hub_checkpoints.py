@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from matrixkit import SMALL
 
-from quantmatrix import hardware
+from quantmatrix.host import detect
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HUB_MATRIX = SMALL.replace(
@@ -27,9 +27,9 @@ def test_gpu_probe(cell):
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path) -> pytest.Pytester:
     assert "example/moe-nvfp4" in HUB_MATRIX
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([], "faked: no CUDA"))
-    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "qm"))
     pytester.makefile(".yaml", m=HUB_MATRIX)

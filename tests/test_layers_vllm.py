@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from prefix_bug import revert_weight_only_promotion
 
-from quantmatrix import audit, checkpoints, dispatch, hardware, vllm_adapter
+from quantmatrix.adapter import layers, simulate
+from quantmatrix.checkpoints import store
+from quantmatrix.checks import audit, sentinel
 from quantmatrix.errors import AdapterMismatch
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = load(ROOT / "matrices" / "default.yaml")
@@ -27,7 +29,7 @@ def vllm_imported_here(tmp_path_factory):
     old = os.environ.get("QUANTMATRIX_CACHE")
     os.environ["QUANTMATRIX_CACHE"] = str(tmp_path_factory.mktemp("qm"))
     try:
-        dispatch.build_layer(checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4")), DEFAULT.arch("sm121"))
+        layers.build(store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4")), DEFAULT.arch("sm121").capability)
     finally:
         if old is None:
             del os.environ["QUANTMATRIX_CACHE"]
@@ -76,27 +78,27 @@ def test_one_missing_expert_input_scale_is_named_by_layer_and_expert(tmp_path, m
     """W4A4 with expert 3 of layer 1 lacking input_scale: the audit names exactly that expert's rows."""
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
     ck = _checkpoint("qwen3moe-tiny-nvfp4-w4a4-expert-missing-input-scale")
-    path = checkpoints.materialize(ck)
+    path = store.materialize(ck)
     arch = DEFAULT.arch("sm121")
-    build = dispatch.build_layer(path, arch, every_layer=True)
+    build = layers.build(path, arch.capability, every_layer=True)
     backend = DEFAULT.moe_backends[build.layer.backend]
-    report = audit.audit(build.layers, audit.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
+    report = sentinel.audit(build.layers, sentinel.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
     holes = {(f.param, f.experts) for f in report.read_but_unloaded}
     assert holes == {("model.layers.1.mlp.experts.routed_experts.w13_input_scale", (3,)),
                      ("model.layers.1.mlp.experts.routed_experts.w2_input_scale", (3,))}
-    message = audit.verdict(report, ck.id, weight_only_checkpoint=False)
+    message = audit.problem_of(report, ck.id, weight_only_checkpoint=False)
     assert "model.layers.1.mlp.experts.routed_experts.w13_input_scale [expert 3]: unloaded (2/8 elements)" in message
 
 
 def test_weight_only_under_marlin_records_input_scale_as_unread_not_failed(tmp_path, monkeypatch):
     """input_scale created but never read (weight-only under MARLIN) is a note, not a failure."""
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
-    path = checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-weight-only"))
-    build = dispatch.build_layer(path, DEFAULT.arch("gb10"), every_layer=True)
+    path = store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-weight-only"))
+    build = layers.build(path, DEFAULT.arch("gb10").capability, every_layer=True)
     assert build.layer.backend == "MARLIN"
     backend = DEFAULT.moe_backends["MARLIN"]
-    report = audit.audit(build.layers, audit.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
-    assert audit.verdict(report, "x", True) is None
+    report = sentinel.audit(build.layers, sentinel.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
+    assert audit.problem_of(report, "x", True) is None
     assert {f.param.rsplit(".", 1)[1] for f in report.notes if f.kind == "unloaded"} == {"w13_input_scale",
                                                                                           "w2_input_scale"}
 
@@ -106,8 +108,8 @@ def test_weight_only_under_marlin_records_input_scale_as_unread_not_failed(tmp_p
 def test_w4a4_backend_per_simulated_arch_without_flashinfer(tmp_path, monkeypatch, arch, backend):
     """Without flashinfer, vLLM picks VLLM_CUTLASS on Blackwell and MARLIN on Hopper for W4A4 NVFP4 MoE."""
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
-    path = checkpoints.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"))
-    build = dispatch.build_layer(path, DEFAULT.arch(arch))
+    path = store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"))
+    build = layers.build(path, DEFAULT.arch(arch).capability)
     assert (build.layer.backend, build.layer.weight_only) == (backend, False)
 
 
@@ -116,12 +118,12 @@ def test_simulation_restores_the_platform_and_fails_loudly_when_it_does_not_take
     from vllm.platforms import current_platform
 
     before = current_platform.get_device_capability()
-    with hardware.simulate(DEFAULT.arch("sm120")):
+    with simulate.simulate(DEFAULT.arch("sm120").capability):
         assert tuple(current_platform.get_device_capability()) == (12, 0)
         assert not current_platform.has_device_capability(121)
     assert current_platform.get_device_capability() == before
-    monkeypatch.setattr(vllm_adapter, "check_simulation", lambda cap: (_ for _ in ()).throw(
+    monkeypatch.setattr(simulate, "check_simulation", lambda cap: (_ for _ in ()).throw(
         AdapterMismatch("simulated capability did not take")))
-    with pytest.raises(AdapterMismatch), hardware.simulate(DEFAULT.arch("sm120")):
+    with pytest.raises(AdapterMismatch), simulate.simulate(DEFAULT.arch("sm120").capability):
         pass
     assert current_platform.get_device_capability() == before

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix import checkpoints
-from quantmatrix.checkpoints import lint
-from quantmatrix.checkpoints.configs import SyntheticSpec
+from quantmatrix import cli
+from quantmatrix.checkpoints import lint, store
+from quantmatrix.schema.synthetic import SyntheticSpec
 
 
 def build(tmp_path: Path, name: str, **fields) -> Path:
     out = tmp_path / name
     out.mkdir()
-    checkpoints.write(SyntheticSpec(**fields), out)
+    store.write(SyntheticSpec(**fields), out)
     return out
 
 
@@ -127,12 +127,12 @@ def test_reads_headers_and_scalar_scales_only(tmp_path, monkeypatch):
 def test_main_exit_codes(tmp_path, capsys):
     """`quantmatrix lint DIR`: 0 and OK when clean, 1 with the findings (or JSON), 2 when DIR has no config."""
     clean = build(tmp_path, "clean", producer="compressed-tensors", scheme="nvfp4_weight_only")
-    assert lint.main([str(clean)]) == 0 and "OK:" in capsys.readouterr().out
+    assert cli.main(["lint", str(clean)]) == 0 and "OK:" in capsys.readouterr().out
     bad = build(tmp_path, "bad", producer="compressed-tensors", scheme="nvfp4_weight_only", input_scales="present")
-    assert lint.main([str(bad), "--json"]) == 1
+    assert cli.main(["lint", str(bad), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["declared"]["scheme"] == "weight_only" and out["findings"][0]["code"] == "unexpected_tensor"
-    assert lint.main([str(tmp_path)]) == 2 and "cannot read config.json" in capsys.readouterr().err
+    assert cli.main(["lint", str(tmp_path)]) == 2 and "cannot read config.json" in capsys.readouterr().err
 
 
 MALFORMED = """\
@@ -195,7 +195,7 @@ def test_lint_check_passes_and_fails_exactly_as_expect_lint_says(pytester, monke
     result.assert_outcomes(passed=4, failed=2)
     result.stdout.fnmatch_lines(["FAILED *test_checkpoint_lint[[]hole-not-declared@sm121-eager]*",
                                  "FAILED *test_checkpoint_lint[[]sound-but-expected-broken@sm121-eager]*"])
-    result.stdout.fnmatch_lines(["E * lint: unexpected findings [[]'missing_tensor']",
-                                 "E * model.layers.1.mlp.experts.0.gate_proj [[]layer 1, expert 0] input_scale: "
+    result.stdout.fnmatch_lines(["lint: unexpected findings [[]'missing_tensor']",
+                                 "*model.layers.1.mlp.experts.0.gate_proj [[]layer 1, expert 0] input_scale: "
                                  "missing*"])
-    result.stdout.fnmatch_lines(["E * lint: expected findings [[]'bad_value'] did not appear"])
+    result.stdout.fnmatch_lines(["lint: expected findings [[]'bad_value'] did not appear"])

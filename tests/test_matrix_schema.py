@@ -8,7 +8,7 @@ import pytest
 from matrixkit import SMALL, write
 
 from quantmatrix.errors import MatrixError
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 
 def _replace(old: str, new: str) -> str:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix import hardware, matrix, probe
+from quantmatrix.host import detect, probe
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
-GB10 = hardware.Device(0, "NVIDIA GB10", (12, 1))
+GB10 = detect.Device(0, "NVIDIA GB10", (12, 1))
 PATH_MATRIX = """\
 version: 1
 archs:
@@ -44,9 +45,9 @@ def _fake_probe(env):
 
 @pytest.fixture
 def gb10_without_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: [GB10])
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([GB10], ""))
-    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: [GB10])
+    monkeypatch.setattr(detect, "query_torch", lambda: ([GB10], ""))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
     monkeypatch.setattr(probe, "run", _fake_probe)
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError, as when absent
     for name in ("test_hardware", "test_dispatch"):
@@ -57,7 +58,7 @@ def gb10_without_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 def test_gpu_tier_of_the_default_matrix_runs_with_cuda_queries_probe_and_missing_vllm_faked(gb10_without_vllm):
     """`-m "sm121 and gpu" --strict-hardware` on a GB10 without vLLM: detection finds the GB10 and every
     device_identity case of the default matrix passes (each bf16 checkpoint in each non-poison mode)."""
-    default = matrix.load(ROOT / "matrices" / "default.yaml")
+    default = load(ROOT / "matrices" / "default.yaml")
     n = sum(1 for case in default.cases(default.checks["device_identity"]) if case.cell.arch.name == "sm121")
     result = gb10_without_vllm.runpytest("test_hardware.py", "--matrix", str(default.path),
                                          "-m", "sm121 and gpu", "--strict-hardware", "-v")
@@ -69,7 +70,7 @@ def test_gpu_tier_of_the_default_matrix_runs_with_cuda_queries_probe_and_missing
 
 def test_strict_hardware_still_fails_other_families_with_cuda_queries_and_missing_vllm_faked(gb10_without_vllm):
     """Exact families, never `>=`: the sm120 cases are not this GB10's; --strict-hardware makes them errors."""
-    default = matrix.load(ROOT / "matrices" / "default.yaml")
+    default = load(ROOT / "matrices" / "default.yaml")
     n = sum(1 for case in default.cases(default.checks["device_identity"]) if case.cell.arch.name == "sm120")
     result = gb10_without_vllm.runpytest("test_hardware.py", "--matrix", str(default.path),
                                          "-m", "sm120 and gpu", "--strict-hardware")

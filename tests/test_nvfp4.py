@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantmatrix import nvfp4
+from quantmatrix.checkpoints import nvfp4
 
 emu = pytest.importorskip("vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils")
 

@@ -7,7 +7,7 @@ import datetime
 import pytest
 from matrixkit import SMALL
 
-from quantmatrix import hardware
+from quantmatrix.host import detect
 
 SUITE = """
 def test_cpu_probe(cell, record_property):
@@ -21,9 +21,9 @@ def test_gpu_probe(cell):
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A suite over SMALL on a host whose CUDA queries are faked to find no device (so any host agrees)."""
-    monkeypatch.setattr(hardware, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(hardware, "query_torch", lambda: ([], "faked: no CUDA"))
-    monkeypatch.delenv(hardware.ARCH_ENV, raising=False)
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
     pytester.makefile(".yaml", m=SMALL)
     pytester.makepyfile(test_suite=SUITE)
     return pytester
@@ -91,8 +91,8 @@ def test_arch_override_runs_that_arch_and_skips_the_others(suite):
 
 def test_real_gpu_detection_matches_exact_family_with_cuda_queries_faked(suite, monkeypatch):
     """A (faked) RTX PRO 6000 at capability 12.0 satisfies sm120 only: not sm100, not sm121."""
-    monkeypatch.setattr(hardware, "query_torch",
-                        lambda: ([hardware.Device(0, "NVIDIA RTX PRO 6000 Blackwell", (12, 0))], ""))
+    monkeypatch.setattr(detect, "query_torch",
+                        lambda: ([detect.Device(0, "NVIDIA RTX PRO 6000 Blackwell", (12, 0))], ""))
     result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu")
     result.assert_outcomes(passed=2, skipped=4)
 

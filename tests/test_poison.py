@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantmatrix import engine, poison, verdicts, vllm_adapter
-from quantmatrix.matrix import Case, Cell, load
+from quantmatrix.adapter import engine as adapter
+from quantmatrix.adapter.roles import role_of
+from quantmatrix.checks import e2e as verdicts
+from quantmatrix.engine import poison
+from quantmatrix.engine import runner as engine
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Case, Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +79,7 @@ def test_after_load_the_unloaded_expert_rows_are_named(monkeypatch):
         m.w13_input_scale[:3] = 0.5  # expert 3 never loaded
         m.norm.fill_(1.0)
     monkeypatch.setattr(poison, "STATE", poison.State())
-    poison.audit_after_load(torch.nn.ModuleDict({"experts": m}), "nan", lambda mod: mod is m, vllm_adapter.role_of)
+    poison.audit_after_load(torch.nn.ModuleDict({"experts": m}), "nan", lambda mod: mod is m, role_of)
     found = poison.STATE.after_load["experts"]
     assert found["w13_input_scale"]["role"] == "input_scale"
     assert found["w13_input_scale"]["rows"] == [3] and not found["w13_input_scale"]["full"]
@@ -99,7 +104,7 @@ def test_an_unknown_poison_value_is_an_error(monkeypatch):
 
 def test_register_wraps_the_vllm_loader_seam(monkeypatch):
     """With a poison requested, register() wraps vLLM's model build and post-load functions, once."""
-    module, build, post = vllm_adapter.loader_seams()
+    module, build, post = adapter.loader_seams()
     originals = getattr(module, build), getattr(module, post)
     monkeypatch.setattr(module, build, originals[0])
     monkeypatch.setattr(module, post, originals[1])

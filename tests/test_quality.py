@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix import quality, references
-from quantmatrix.matrix import Cell, load
+from quantmatrix.checks import quality
+from quantmatrix.engine import references
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = load(ROOT / "matrices" / "default.yaml")
@@ -136,7 +138,8 @@ def test_zeroed_experts_are_flagged_by_agreement_not_by_degeneration():
     """The seed's GB10 symptom on CPU: every expert weight zeroed. In this random tiny model attention alone
     still gives varied tokens (degeneration passes it, which is why the CPU canary uses NaN experts), but the
     agreement oracle flags it against the transformers reference of the intact model."""
-    from quantmatrix.checkpoints import configs, materialize_spec
+    from quantmatrix.checkpoints.store import materialize_spec
+    from quantmatrix.schema import synthetic as configs
 
     spec = configs.SyntheticSpec(producer="none", scheme="bf16", model="qwen3_moe",
                                  corrupt_tensors=(("model.layers.*.mlp.experts.*", "zero"),))

@@ -14,7 +14,7 @@ from matrixkit import SMALL, write
 
 from quantmatrix import cli
 from quantmatrix.errors import MatrixError
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "matrices" / "real.yaml"

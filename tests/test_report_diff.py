@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from quantmatrix.report import main
+from quantmatrix.cli import main
 
 if TYPE_CHECKING:
     from conftest import SuiteRunner
@@ -34,7 +34,7 @@ class Nights:
             self.suite.run(f"n{self.n}-{i}", **kw)
             files.append(str(self.suite.last))
         out = self.tmp / f"out{self.n}"
-        argv = [*files, "--out", str(out), "--night", f"n{self.n}", "--date", f"2026-12-{self.n:02d}",
+        argv = ["report", *files, "--out", str(out), "--night", f"n{self.n}", "--date", f"2026-12-{self.n:02d}",
                 "--history", str(self.history)]
         code = main(argv + (["--previous", str(self.previous)] if self.previous else []))
         self.previous = out / "summary.json"
@@ -199,7 +199,7 @@ def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Pa
     nights.previous.write_text(json.dumps(edit(json.loads(nights.previous.read_text()))))
     capsys.readouterr()
     out = tmp_path / "refused"
-    argv = [str(nights.suite.last), "--out", str(out), "--night", "n2", "--previous", str(nights.previous)]
+    argv = ["report", str(nights.suite.last), "--out", str(out), "--night", "n2", "--previous", str(nights.previous)]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quantmatrix.report import main
+from quantmatrix.cli import main
 
 if TYPE_CHECKING:
     from conftest import SuiteRunner
@@ -67,7 +67,7 @@ def page(browser, junit_suite: SuiteRunner, tmp_path: Path):
     (tmp_path / "runs").mkdir()
     shutil.copy(junit_suite.last, tmp_path / "runs" / "sm121.xml")
     (tmp_path / "runs" / "sm100.xml").write_text("<testsuites><testsuite")
-    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--night", "2026-12-02"]) == 1
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--night", "2026-12-02"]) == 1
     page = browser.new_page()
     page.requests, page.errors = [], []
     page.on("request", lambda r: page.requests.append(r.url))

@@ -11,8 +11,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from quantmatrix import report_md
-from quantmatrix.report import RED, ReportError, build, main, stamp_testsuite_properties, summary_json, write
+from quantmatrix.cli import main
+from quantmatrix.errors import ReportError
+from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
+from quantmatrix.report import render_md
+from quantmatrix.report.build import build, summary_json
+from quantmatrix.report.model import RED
+from quantmatrix.report.write import write
 
 if TYPE_CHECKING:
     from conftest import SuiteRunner
@@ -153,7 +158,7 @@ def test_bad_files_are_named_and_skipped_and_the_rest_is_merged(junit_suite: Sui
     out = tmp_path / "out"
     # 0: without a previous night nothing is known to be lost (with one, the unreadable file's cases
     # would be missing, a coverage loss, and the exit code 1).
-    assert main([str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out)]) == 0
+    assert main(["report", str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out)]) == 0
     data = json.loads((out / "summary.json").read_text())
     problems = {Path(b["path"]).name: b["problem"] for b in data["bad_inputs"]}
     assert problems["empty.xml"] == "empty file"
@@ -176,9 +181,9 @@ def test_outputs_are_replaced_atomically_with_normal_permissions(junit_suite: Su
     out = tmp_path / "out"
     old_umask = os.umask(0o022)
     try:
-        main([str(junit_suite.last), "--out", str(out)])
+        main(["report", str(junit_suite.last), "--out", str(out)])
         before = {p.name: p.stat().st_ino for p in out.iterdir()}
-        main([str(junit_suite.last), "--out", str(out)])
+        main(["report", str(junit_suite.last), "--out", str(out)])
     finally:
         os.umask(old_umask)
     after = {p.name: p.stat() for p in out.iterdir()}
@@ -243,7 +248,7 @@ def test_a_failure_in_the_writer_child_is_an_error_not_a_silent_gap(junit_suite:
     def broken(*args: object) -> str:
         raise RuntimeError("render exploded")
 
-    monkeypatch.setattr(report_md, "render", broken)
+    monkeypatch.setattr(render_md, "render", broken)
     with pytest.raises(ReportError, match=r"writing summary.json and matrix.md failed in a child process "
                                           r"\(exit code 1\)"):
         write(report, tmp_path / "out", jobs=2)
@@ -279,6 +284,6 @@ def test_usage_errors_exit_2_with_a_message(junit_suite: SuiteRunner, capsys: py
                                             argv: list[str], message: str) -> None:
     """A wrong command line exits 2 and says what is wrong, never a traceback; nothing is written."""
     junit_suite.run("n", CELLS[:1])  # pytester runs the test in its own directory: "o" lands there
-    assert main([a.format(xml=junit_suite.last) for a in argv]) == 2
+    assert main(["report", *(a.format(xml=junit_suite.last) for a in argv)]) == 2
     assert message in capsys.readouterr().err
     assert not Path("o").exists()

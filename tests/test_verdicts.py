@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from quantmatrix import engine, verdicts
-from quantmatrix.matrix import Case, Cell, load
+from quantmatrix.checks import e2e as verdicts
+from quantmatrix.engine import runner as engine
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Case, Cell
 
 MATRIX = """\
 version: 1

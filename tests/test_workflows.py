@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from quantmatrix.matrix import load
+from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"

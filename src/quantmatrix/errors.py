@@ -21,3 +21,7 @@ class AdapterMismatch(QuantmatrixError):
 
 class CheckpointUnavailable(QuantmatrixError):
     """A checkpoint cannot be materialised here (e.g. not in the local HF cache)."""
+
+
+class ReportError(QuantmatrixError):
+    """The nightly report cannot be made as asked (bad arguments, an unreadable previous summary)."""

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from quantmatrix.checkpoints.configs import SyntheticSpec, config_files
+from quantmatrix.checkpoints.configs import config_files
 from quantmatrix.errors import QuantmatrixError
+from quantmatrix.schema.synthetic import SyntheticSpec
 
 REFERENCE_FILE = "quantmatrix-reference.json"
 GREEDY_TOKENS = 8

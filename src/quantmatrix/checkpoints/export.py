@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from quantmatrix import nvfp4
+from quantmatrix.checkpoints import nvfp4
 from quantmatrix.checkpoints.base import LAYOUTS, Base, dims, linear_shapes
-from quantmatrix.checkpoints.configs import SyntheticSpec
 from quantmatrix.errors import MatrixError
+from quantmatrix.schema.synthetic import SyntheticSpec
 
 _NAMES = {
     "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},

@@ -9,20 +9,18 @@ input_activations), so a finding is exactly a place where vLLM's kernel choice a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fnmatch
 import json
 import math
 import re
 import struct
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-CODES = ("config", "missing_tensor", "unexpected_tensor", "bad_dtype", "bad_shape", "bad_value", "unquantized",
-         "quantized_but_ignored", "inconsistent")
+from quantmatrix.errors import QuantmatrixError
+
 _LEAVES = {
     "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
     "compressed-tensors": {"weight": "weight_packed", "scale_2": "weight_global_scale",
@@ -81,7 +79,7 @@ class Declared:
 
 
 @dataclasses.dataclass
-class Report:
+class LintReport:
     path: Path
     declared: Declared
     tensors: int
@@ -108,7 +106,7 @@ class Report:
                           *(f"  {f}" for f in self.findings)])
 
 
-class LintError(Exception):
+class LintError(QuantmatrixError):
     """The directory cannot be linted at all (no config, unreadable header)."""
 
 
@@ -329,7 +327,7 @@ def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Fin
     return out
 
 
-def lint(path: Path, block_scales: bool = False) -> Report:
+def lint(path: Path, block_scales: bool = False) -> LintReport:
     """Lint one checkpoint directory."""
     path = Path(path)
     d, findings = declared(path)
@@ -365,27 +363,4 @@ def lint(path: Path, block_scales: bool = False) -> Report:
     findings += _check_experts(modules, config)
     if d.scheme != "unquantized":
         findings += _check_fused(modules, d)
-    return Report(path, d, len(tensors), nfiles, nvfp4, findings)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`quantmatrix lint DIR`: 0 clean, 1 findings, 2 cannot lint."""
-    parser = argparse.ArgumentParser(prog="quantmatrix lint", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dir", type=Path, help="checkpoint directory (config.json + *.safetensors)")
-    parser.add_argument("--block-scales", action="store_true",
-                        help="also read every F8_E4M3 block scale and report NaN / zero ones (reads ~1/32 of "
-                             "the weights' bytes)")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    args = parser.parse_args(argv)
-    try:
-        report = lint(args.dir, block_scales=args.block_scales)
-    except LintError as e:
-        print(f"quantmatrix lint: {e}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"path": str(report.path), "declared": dataclasses.asdict(report.declared),
-                          "findings": [dataclasses.asdict(f) | {"layer_expert": f.layer_expert}
-                                       for f in report.findings]}, indent=2))
-    else:
-        print(report.render())
-    return 1 if report.findings else 0
+    return LintReport(path, d, len(tensors), nfiles, nvfp4, findings)

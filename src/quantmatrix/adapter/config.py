@@ -1,0 +1,89 @@
+"""vLLM's config resolution, fed with a checkpoint directory: which quantization method and scheme it picks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.adapter.versions import versions
+from quantmatrix.errors import AdapterMismatch
+
+# ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
+_MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """What vLLM's real config resolution decided for one checkpoint."""
+
+    quant_method: str  # vLLM's method name ("modelopt_fp4", "compressed-tensors", "none")
+    config_class: str
+    algo: str  # vLLM's own name for the scheme (e.g. W4A16_NVFP4), for the reader
+    scheme: str  # behaviour: weight_only | w4a4 | unquantized | rejected
+    detail: str = ""
+
+
+def entry_points() -> tuple[Any, Any, Any]:
+    """(ModelConfig, LoadConfig, get_quant_config), or AdapterMismatch when vLLM moved them."""
+    try:
+        from vllm.config import LoadConfig, ModelConfig
+        from vllm.model_executor.model_loader.weight_utils import get_quant_config
+    except ImportError as e:
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: config resolution entry points moved "
+                              f"({e}); update quantmatrix/adapter/config.py") from e
+    return ModelConfig, LoadConfig, get_quant_config
+
+
+def model_config(checkpoint_dir: Path) -> Any:
+    """vLLM's ModelConfig of a checkpoint directory (no tokenizer, bf16)."""
+    ModelConfig, _, _ = entry_points()
+    return ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, dtype="bfloat16")
+
+
+def resolve(checkpoint_dir: Path) -> Resolution:
+    """Feed the checkpoint through vLLM's own path: ModelConfig picks the method (override_quantization_method,
+    hf_quant_config.json lookup), get_quant_config builds it with from_config. Nothing is re-implemented."""
+    _, LoadConfig, get_quant_config = entry_points()
+    try:
+        mc = model_config(checkpoint_dir)
+        if mc.quantization is None:
+            return Resolution("none", "", "", "unquantized", "vLLM found no quantization config")
+        config = get_quant_config(mc, LoadConfig())
+    except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError) as e:
+        # pydantic's ValidationError is a ValueError; these are vLLM refusing the config.
+        return Resolution("?", "", "", "rejected", reason(e))
+    algo, scheme = classify(config)
+    return Resolution(config.get_name(), type(config).__name__, algo, scheme)
+
+
+def reason(error: Exception) -> str:
+    """vLLM's own words, without pydantic's wrapping around them."""
+    errors = getattr(error, "errors", None)
+    if callable(errors):
+        return "; ".join(str(e.get("msg", e)) for e in errors())
+    return f"{type(error).__name__}: {error}"
+
+
+def classify(config: Any) -> tuple[str, str]:
+    """(vLLM's scheme name, behaviour) of a resolved quantization config."""
+    name = type(config).__name__
+    if name == "ModelOptNvFp4Config":
+        algo = getattr(config, "quant_method", None)
+        if algo not in _MODELOPT_ALGOS:
+            raise AdapterMismatch(f"ModelOptNvFp4Config.quant_method is {algo!r}; quantmatrix knows "
+                                  f"{sorted(_MODELOPT_ALGOS)}: update quantmatrix/adapter/config.py")
+        return algo, _MODELOPT_ALGOS[algo]
+    if name == "CompressedTensorsConfig":
+        scheme_map = getattr(config, "target_scheme_map", None)
+        if not isinstance(scheme_map, dict):
+            raise AdapterMismatch("CompressedTensorsConfig has no target_scheme_map dict: update "
+                                  "quantmatrix/adapter/config.py")
+        linear = scheme_map.get("Linear")
+        if linear is None:
+            return "no Linear target", "unquantized"
+        if linear.get("input_activations") is None:
+            return "NVFP4A16 (input_activations None)", "weight_only"
+        return "NVFP4 (input_activations set)", "w4a4"
+    raise AdapterMismatch(f"quantization config class {name} ({config.get_name()}) is not one quantmatrix "
+                          "can classify: update quantmatrix/adapter/config.py")

@@ -1,0 +1,120 @@
+"""Inside a running engine: where vLLM builds and post-processes a model (the poison plugin's seams), what its
+MoE layers selected, and the engine's inputs and outputs as plain data."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from typing import Any
+
+from quantmatrix.adapter.versions import versions
+from quantmatrix.errors import AdapterMismatch
+
+# Where vLLM builds a model and where it turns loaded weights into kernel format (BaseModelLoader.load_model
+# calls both by these module-level names, with load_weights in between).
+_LOADER_MODULE = "vllm.model_executor.model_loader.base_loader"
+_BUILD, _POST_LOAD = "initialize_model", "process_weights_after_loading"
+# The layer that owns the experts' weights and their quant method (0.32: RoutedExperts, inside a MoERunner).
+MOE_LAYER_CLASSES = ("RoutedExperts",)
+
+
+def loader_seams() -> tuple[Any, str, str]:
+    """(module, build function name, post-load function name) for the poison plugin."""
+    import importlib
+
+    try:
+        module = importlib.import_module(_LOADER_MODULE)
+    except ImportError as e:
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: {_LOADER_MODULE} is gone ({e}); update "
+                              "quantmatrix/adapter/engine.py") from e
+    missing = [n for n in (_BUILD, _POST_LOAD) if not callable(getattr(module, n, None))]
+    if missing:
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: {_LOADER_MODULE} has no {', '.join(missing)}; "
+                              "the poison seam moved: update quantmatrix/adapter/engine.py")
+    return module, _BUILD, _POST_LOAD
+
+
+def is_moe_layer(module: Any) -> bool:
+    return type(module).__name__ in MOE_LAYER_CLASSES
+
+
+def _backend(quant_method: Any) -> tuple[str | None, str | None]:
+    """The MoE backend a quant method selected: the enum stored next to `experts_cls` (nvfp4_backend,
+    unquantized_backend, fp8_backend, ...). (attribute, value) or (None, None) when it keeps none."""
+    import enum
+
+    for attr, value in vars(quant_method).items():
+        if (attr == "backend" or attr.endswith("_backend")) and isinstance(value, enum.Enum):
+            return attr, value.name
+    return None, None
+
+
+def moe_layer_facts(model: Any) -> dict[str, dict[str, Any]]:
+    """Per MoE layer of a live model: quant method class, the backend it selected, the experts class."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, module in model.named_modules():
+        if not is_moe_layer(module):
+            continue
+        qm = getattr(module, "quant_method", None)
+        if qm is None:
+            raise AdapterMismatch(f"{name} ({type(module).__name__}) has no quant_method: update "
+                                  "quantmatrix/adapter/engine.py")
+        wrapped = getattr(qm, "old_quant_method", None)  # a modular kernel wraps the method it replaced
+        source = wrapped if wrapped is not None else qm
+        attr, backend = _backend(source)
+        experts = getattr(source, "experts_cls", None)
+        out[name] = {"quant_method": type(source).__name__, "runtime_method": type(qm).__name__,
+                     "backend": backend, "backend_attr": attr,
+                     "experts_cls": getattr(experts, "__name__", None),
+                     "parameters": {n: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
+                                    for n, p in module.named_parameters(recurse=False)}}
+    if not out and any(".experts" in n for n, _ in model.named_modules()):
+        raise AdapterMismatch(f"the model has expert modules but none of class {MOE_LAYER_CLASSES}: update "
+                              "quantmatrix/adapter/engine.py")
+    return out
+
+
+def on_every_worker(llm: Any, fn: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """fn(model) on every worker of a live LLM (0.32: apply_model, which cloudpickles the function and so needs
+    VLLM_ALLOW_INSECURE_SERIALIZATION=1 when the engine core is another process: engine.protocol sets it)."""
+    if not hasattr(llm, "apply_model"):
+        raise AdapterMismatch("vllm.LLM has no apply_model: update quantmatrix/adapter/engine.py")
+    return list(llm.apply_model(fn))
+
+
+def sampling_params(max_tokens: int, logprobs: int) -> Any:
+    """Greedy, a fixed length (EOS ignored, so every run scores the same positions), top-k logprobs."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs, ignore_eos=True)
+
+
+def _finite(x: float) -> float | None:
+    return x if x == x and x not in (float("inf"), float("-inf")) else None
+
+
+def completions(request_outputs: list[Any]) -> list[dict[str, Any]]:
+    """vLLM RequestOutputs as plain data: token ids, text, and per position {token id: logprob} of the top-k
+    (non-finite logprobs become None: JSON has no NaN, and a NaN logprob is itself the finding)."""
+    out = []
+    for ro in request_outputs:
+        c = ro.outputs[0]
+        positions = []
+        for step in c.logprobs or []:
+            positions.append({str(tok): _finite(float(lp.logprob)) for tok, lp in step.items()})
+        out.append({"prompt_token_ids": list(ro.prompt_token_ids), "text": c.text,
+                    "token_ids": list(c.token_ids), "logprobs": positions})
+    return out
+
+
+def device() -> dict[str, Any]:
+    """The device the engine ran on, from torch in the child (cuda:0 after CUDA_VISIBLE_DEVICES pinning)."""
+    import torch
+
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability(0)
+        return {"name": torch.cuda.get_device_name(0), "capability": f"{cap[0]}.{cap[1]}",
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {"name": f"cpu ({platform.processor() or platform.machine()})", "capability": None,
+            "cuda_visible_devices": None}

@@ -1,0 +1,61 @@
+"""vLLM's post-load conversion into kernel format, and what the fused-MoE quant config then holds: the dequant
+alphas the seed bug poisoned (`g1_alphas = w13_weight_scale_2 * w13_input_scale`) and the activation scales."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from quantmatrix.adapter.layers import MoELayer
+
+# Fields of vLLM's FusedMoEQuantConfig (0.32): the dequant alphas, and the activations' global scales.
+ALPHAS = ("g1_alphas", "g2_alphas")
+ACTIVATION_SCALES = ("a1_gscale", "a2_gscale")
+# What a conversion that needs CUDA raises on a CPU-only host (torch, vLLM's _C ops, the driver).
+CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' object has no attribute",
+             "No CUDA GPUs are available", "Found no NVIDIA driver")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFormat:
+    """What vLLM's post-processing produced, or why it cannot run on this host.
+
+    `alphas`: for each of ALPHAS, whether the quant config holds it and whether every value is finite
+    (None: absent). `activation_scales`: which of ACTIVATION_SCALES it kept as tensors."""
+
+    needs_cuda: str | None
+    quant_config: str | None = None  # the quant config's class, None when there is none
+    alphas: dict[str, bool | None] = dataclasses.field(default_factory=dict)
+    activation_scales: tuple[str, ...] = ()
+
+
+def convert(layer: MoELayer) -> Any:
+    """vLLM's post-processing of a loaded layer into kernel format; returns the fused-MoE quant config."""
+    from vllm.config import set_current_vllm_config
+
+    method = layer.experts.quant_method
+    with set_current_vllm_config(layer.vllm_config):
+        method.process_weights_after_loading(layer.experts)
+        return method.get_fused_moe_quant_config(layer.experts)
+
+
+def kernel_format(layer: MoELayer) -> KernelFormat:
+    """Convert a freshly loaded layer and read the quant config; a conversion that needs CUDA says which op."""
+    import torch
+
+    try:
+        quant_config = convert(layer)
+    except (AssertionError, AttributeError, RuntimeError) as e:
+        text = f"{type(e).__name__}: {e}"
+        if any(marker in text for marker in CUDA_ONLY):
+            return KernelFormat(needs_cuda=f"vLLM's kernel-format conversion for {layer.backend} needs CUDA on "
+                                           f"this host ({text.splitlines()[0][:200]})")
+        raise
+    if quant_config is None:
+        return KernelFormat(None)
+    alphas: dict[str, bool | None] = {}
+    for name in ALPHAS:
+        value = getattr(quant_config, name, None)
+        alphas[name] = bool(torch.isfinite(value).all()) if isinstance(value, torch.Tensor) else None
+    kept = tuple(n for n in ACTIVATION_SCALES if isinstance(getattr(quant_config, n, None), torch.Tensor))
+    return KernelFormat(None, type(quant_config).__name__, alphas, kept)

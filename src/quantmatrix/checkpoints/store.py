@@ -1,0 +1,132 @@
+"""Checkpoint directories for matrix cells: synthetic ones built into a content-addressed cache, local paths,
+and hub ids resolved from the local Hugging Face cache only (this suite never downloads at test time)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from quantmatrix.checkpoints.configs import config_files, digest
+from quantmatrix.errors import CheckpointUnavailable, MatrixError
+from quantmatrix.schema.model import Checkpoint
+from quantmatrix.schema.synthetic import SyntheticSpec
+
+_COMPLETE = ".quantmatrix-complete"
+DEQUANTIZED = "dequantized"
+
+
+def cache_root() -> Path:
+    """QUANTMATRIX_CACHE, else ~/.cache/quantmatrix: one place a runner can wipe or keep between nights."""
+    env = os.environ.get("QUANTMATRIX_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "quantmatrix"
+
+
+def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
+    """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones)."""
+    return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **checkpoint.source.value)
+
+
+def base_spec(spec: SyntheticSpec) -> SyntheticSpec:
+    """The bf16 family member an NVFP4 spec was quantized from (same model, size and seed)."""
+    return SyntheticSpec(producer="none", scheme="bf16", model=spec.model, size=spec.size, seed=spec.seed)
+
+
+def materialize(checkpoint: Checkpoint) -> Path:
+    """The checkpoint's directory, building a synthetic one if the cache does not hold it complete."""
+    kind = checkpoint.source.kind
+    if kind == "path":
+        path = Path(checkpoint.source.value)
+        if not (path / "config.json").is_file():
+            raise CheckpointUnavailable(f"{checkpoint.source.where}: {path} has no config.json")
+        return path
+    if kind == "hub":
+        repo, revision = checkpoint.source.value
+        return resolve_hub(repo, revision)
+    spec = spec_of(checkpoint)
+    try:
+        return materialize_spec(spec, checkpoint.id)
+    except MatrixError as e:
+        raise MatrixError(f"{checkpoint.source.where}: checkpoint {checkpoint.id!r}: {e}") from None
+
+
+def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
+    """The cache entry of one spec (`label-<digest>`), built unless already complete: a hash check only."""
+    key = digest(spec)
+    final = cache_root() / "checkpoints" / f"{label}-{key[:16]}"
+    if not _complete(final, key):
+        build(spec, final, key)
+    return final
+
+
+def _complete(path: Path, key: str) -> bool:
+    marker = path / _COMPLETE
+    return marker.is_file() and marker.read_text() == key
+
+
+def build(spec: SyntheticSpec, final: Path, key: str) -> None:
+    """Write into a private temp dir, then rename: a killed run never leaves a directory a later run trusts."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would survive the rename
+    try:
+        write(spec, tmp)
+        (tmp / _COMPLETE).write_text(key)
+        if final.exists() and not _complete(final, key):  # a stale or half-written leftover
+            shutil.rmtree(final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not _complete(final, key):  # not merely another worker finishing first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(spec: SyntheticSpec, out: Path) -> None:
+    """Write the whole checkpoint into `out` (which must exist). An NVFP4 export also gets `dequantized/`:
+    the bf16 HF model its clean tensors encode (before any fault of the spec), the e2e tier's reference.
+    A bf16 checkpoint gets REFERENCE_FILE: transformers' greedy continuation of the shipped prompts."""
+    from quantmatrix.checkpoints import base, export  # torch and transformers: only when building
+
+    family = base.base(spec.model, spec.size, spec.seed)
+    files = config_files(spec)
+    if spec.producer == "none":  # corrupt_tensors breaks bf16 weights too (the e2e tier's broken canaries)
+        tensors = export.faulty(spec, family.tensors)
+        base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, tensors, family.tokenizer)
+        return
+    with base.one_thread():
+        exported = export.export(spec, family)
+    base.write_hf(out, files, exported.tensors, family.tokenizer)
+    (out / DEQUANTIZED).mkdir()
+    base.write_hf(out / DEQUANTIZED, config_files(base_spec(spec)), exported.dequantized, family.tokenizer)
+
+
+def hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface"
+    return Path(home) / "hub"
+
+
+def download_command(repo: str, revision: str) -> str:
+    """The line that puts repo@revision into the cache resolve_hub reads (`hf` is huggingface_hub's CLI since
+    0.34; 1.0 removed `huggingface-cli`)."""
+    return f"hf download {repo} --revision {revision}"
+
+
+def resolve_hub(repo: str, revision: str) -> Path:
+    """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
+    base = hub_cache() / f"models--{repo.replace('/', '--')}"
+    commit = revision
+    ref = base / "refs" / revision
+    if ref.is_file():
+        commit = ref.read_text().strip()
+    snap = base / "snapshots" / commit
+    if re.fullmatch(r"[0-9a-f]{40}", commit) and (snap / "config.json").is_file():
+        return snap
+    raise CheckpointUnavailable(
+        f"{repo}@{revision} is not in the local Hugging Face cache ({hub_cache()}); on a host with hub "
+        f"access run: {download_command(repo, revision)}")

@@ -1,0 +1,111 @@
+"""The post-load audit's verdict: which MoE tensors the selected kernel reads were never written by vLLM's
+loaders, and which loaded scales are unusable. The findings come from checks.sentinel (the sentinel-filled
+load); this module only judges them, so importing it costs nothing (no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from quantmatrix.adapter.layers import LayerBuild
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.schema.model import Case, MoeBackend
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    param: str
+    role: str
+    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies
+    experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
+    read: bool  # does the selected backend read this tensor?
+    detail: str = ""
+
+    def describe(self) -> str:
+        where = f" [expert{'s' if len(self.experts) > 1 else ''} {_ranges(self.experts)}]" if self.experts else ""
+        return f"{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditReport:
+    backend: str
+    reads: frozenset[str]
+    findings: tuple[Finding, ...]
+    loaded: frozenset[str]
+
+    @property
+    def read_but_unloaded(self) -> list[Finding]:
+        return [f for f in self.findings if f.read and f.kind == "unloaded"]
+
+    @property
+    def unusable(self) -> list[Finding]:
+        """Loaded with values no kernel can use, or refused by vLLM's loader (loud, but the checkpoint is broken)."""
+        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative", "refused")]
+
+    @property
+    def notes(self) -> list[Finding]:
+        """Recorded, not failed: created-but-unread tensors (input_scale under Marlin), per-expert spreads."""
+        return [f for f in self.findings if f not in self.read_but_unloaded and f not in self.unusable]
+
+
+def _ranges(rows: Iterable[int]) -> str:
+    rows = sorted(rows)
+    out, start = [], None
+    for i, r in enumerate(rows):
+        if start is None:
+            start = r
+        if i + 1 == len(rows) or rows[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend],
+                  report: AuditReport | None) -> Verdict:
+    """Every tensor the selected backend reads was loaded from the checkpoint and holds a usable value (or the
+    audit finds exactly what the matrix's `expect.audit` names, for a malformed checkpoint)."""
+    ck, arch = case.cell.checkpoint, case.cell.arch
+    layer = build.layer
+    if layer is None:
+        if ck.expectation("resolves_to") == "rejected":
+            return Verdict(skip="vLLM refuses this config, as the matrix expects: there is no layer to audit")
+        return Verdict(f"no MoE layer to audit: vLLM refused to build it ({build.error})")
+    if layer.backend not in backends or report is None:
+        return Verdict(f"backend {layer.backend} is not described under moe_backends, so what it reads is unknown")
+    words = f"{ck.id} ({ck.producer}, {ck.scheme.name}) on {arch.describe()}"
+    problem = problem_of(report, words, ck.expectation("resolves_to") == "weight_only", ck.expectation("audit", arch))
+    return Verdict(problem, properties=[
+        ("moe_backend", report.backend),
+        ("unloaded_unread", "; ".join(f.describe() for f in report.notes if f.kind == "unloaded")),
+        ("audit_notes", "; ".join(f.describe() for f in report.notes if f.kind != "unloaded"))])
+
+
+def problem_of(report: AuditReport, cell_words: str, weight_only_checkpoint: bool,
+               expected: Iterable[str] = ()) -> str | None:
+    """None when the audit found exactly what the matrix expects (usually nothing), else what breaks and why."""
+    problems = report.read_but_unloaded + report.unusable
+    found = {f.kind for f in problems}
+    if found == set(expected):
+        return None
+    if not problems:
+        return (f"{cell_words}: the matrix expects the audit to find {', '.join(sorted(expected))} in tensors "
+                f"backend {report.backend} reads, but every read tensor was loaded and usable")
+    names = "; ".join(f.describe() for f in problems)
+    head = f"{cell_words}: backend {report.backend} reads tensors that"
+    if report.read_but_unloaded and not report.unusable:
+        head += " were never loaded from the checkpoint"
+    elif not report.read_but_unloaded:
+        head += " were loaded with unusable values"
+    else:
+        head += " were never loaded or hold unusable values"
+    why = ""
+    if any(f.role == "input_scale" for f in report.read_but_unloaded):
+        why = (" - input_scale is folded into g1_alphas/g2_alphas, so every expert output is scaled by whatever "
+               "memory held (0.0 on GB10 zeroed every expert)")
+        if weight_only_checkpoint:
+            why = " - weight-only checkpoint routed to a W4A4 fused-MoE backend: it has no input_scale" + why
+    missing = set(expected) - found
+    tail = f" [the matrix also expected: {', '.join(sorted(missing))}]" if missing else ""
+    return f"{head}: {names}{why}{tail}"
+
+

@@ -1,0 +1,147 @@
+"""Quant-path dispatch, config level and layer level: did vLLM route this checkpoint to the scheme (and the MoE
+kernel backend) the matrix expects?
+
+The verdict explains itself in terms of the kernel: the seed bug was a weight-only checkpoint routed to W4A4,
+where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.adapter.config import Resolution
+from quantmatrix.adapter.layers import LayerBuild
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.schema.model import Case, Checkpoint, MoeBackend
+
+_CONSEQUENCE = {
+    ("weight_only", "w4a4"): "the fused-MoE path would fold an uninitialised input_scale into g1_alphas "
+                             "(the checkpoint has none), zeroing or scaling every expert by whatever "
+                             "memory held",
+    ("w4a4", "weight_only"): "the calibrated input_scale would be ignored and activations would run "
+                             "unquantized through Marlin: not the kernel this checkpoint was exported for",
+    ("weight_only", "unquantized"): "packed NVFP4 weights would be loaded into bf16 layers",
+    ("w4a4", "unquantized"): "packed NVFP4 weights would be loaded into bf16 layers",
+    ("unquantized", "weight_only"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
+    ("unquantized", "w4a4"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
+}
+_SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "unquantized": "unquantized",
+                 "rejected": "a rejected"}
+
+
+def _group_activations(group: Any) -> str:
+    if not isinstance(group, dict):
+        return "not-a-mapping"
+    if "input_activations" not in group:
+        return "missing"
+    acts = group["input_activations"]
+    if acts is None:
+        return "null"
+    if acts == {}:
+        return "empty"
+    return "quantized" if isinstance(acts, dict) else f"unexpected {type(acts).__name__}"
+
+
+def config_shape(checkpoint_dir: Path) -> str:
+    """A one-line description of the config's shape, so a reader knows which resolution rule decided."""
+    cfg = json.loads((checkpoint_dir / "config.json").read_text())
+    qc = cfg.get("quantization_config")
+    legacy = checkpoint_dir / "hf_quant_config.json"
+    if qc is None and legacy.is_file():
+        inner = json.loads(legacy.read_text()).get("quantization", {})
+        return f"hf_quant_config.json (legacy); quant_algo={inner.get('quant_algo')}; no config_groups"
+    if qc is None:
+        return "no quantization config"
+    parts = [f"config.json quantization_config; quant_method={qc.get('quant_method')}"]
+    if "quant_algo" in qc:
+        parts.append(f"quant_algo={qc['quant_algo']}")
+    groups = qc.get("config_groups")
+    if "config_groups" not in qc:
+        parts.append("config_groups missing")
+    elif not groups:
+        parts.append("config_groups empty")
+    elif isinstance(groups, dict):
+        acts = sorted({_group_activations(g) for g in groups.values()})
+        parts.append(f"{len(groups)} config group(s); input_activations={'/'.join(acts)}")
+    else:
+        parts.append(f"config_groups is a {type(groups).__name__}")
+    return "; ".join(parts)
+
+
+def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
+    """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
+    shape = config_shape(checkpoint_dir)
+    return Verdict(_config_problem(case.cell.checkpoint, got, shape), properties=[
+        ("config_shape", shape), ("quant_method", got.quant_method), ("quant_config_class", got.config_class),
+        ("resolved_algo", got.algo), ("resolved_scheme", got.scheme)])
+
+
+def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
+    """None when the resolution is what the matrix expects, else the message a maintainer reads."""
+    expected = checkpoint.expectation("resolves_to")
+    if got.scheme != expected:
+        routed = f"{got.quant_method}/{got.algo}" if got.algo else got.quant_method
+        head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
+                f"({routed})" if got.scheme != "rejected" else
+                f"{_SCHEME_WORDS[expected]} checkpoint was rejected by vLLM: {got.detail}")
+        why = _CONSEQUENCE.get((expected, got.scheme))
+        if expected == "rejected":
+            why = "the matrix says vLLM must refuse this config rather than guess a kernel"
+        return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
+    if expected == "rejected":
+        return None
+    expected_method = checkpoint.expectation("quant_method")
+    if got.quant_method != expected_method:
+        return (f"checkpoint claimed by vLLM quantization method {got.quant_method!r}, expected "
+                f"{expected_method!r} [config shape: {shape}]")
+    return None
+
+
+# ------------------------------------------------------------------------------ layer-level dispatch
+
+
+def layer_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend]) -> Verdict:
+    """vLLM's MoE layer as built on the cell's arch: method, weight/activation scheme and backend are what the
+    matrix accepts."""
+    layer = build.layer
+    return Verdict(_layer_problem(case, build, backends), properties=[
+        ("moe_method", layer.method if layer else ""), ("moe_backend", layer.backend if layer else ""),
+        ("moe_weight_only", str(layer.weight_only).lower() if layer else ""),
+        ("layer_build_error", build.error or "")])
+
+
+def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend]) -> str | None:
+    """The message names what was routed where and why it hurts."""
+    ck, arch = case.cell.checkpoint, case.cell.arch
+    expected = ck.expectation("resolves_to")
+    on = f"on {arch.describe()}"
+    if expected == "rejected":
+        return None if build.layer is None else (
+            f"vLLM built {build.layer.method} with backend {build.layer.backend} {on} for a config the matrix says "
+            "it must refuse")
+    if build.layer is None:
+        return f"vLLM could not build the MoE layer {on}: {build.error}"
+    layer = build.layer
+    got = "weight_only" if layer.weight_only else "w4a4"
+    if got != expected:
+        why = _CONSEQUENCE.get((expected, got), "")
+        return (f"{_SCHEME_WORDS[expected]} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
+                f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
+    backend = backends.get(layer.backend)
+    if backend is None:
+        return (f"vLLM selected MoE backend {layer.backend} {on}, which the matrix does not describe: add it under "
+                f"moe_backends with the tensors it reads (known: {', '.join(backends)})")
+    wanted = ck.expectation("activation_scales", arch)
+    if wanted == "not_read" and backend.reads_activation_scales:
+        return (f"weight-only checkpoint routed to W4A4 fused MoE backend {backend.name} {on}: input_scale would be "
+                "read uninitialised (the checkpoint has none)")
+    if wanted == "read" and not backend.reads_activation_scales:
+        return (f"W4A4 checkpoint routed to {backend.name} {on}, which never reads activation scales: its calibrated "
+                "input_scale is discarded and activations run unquantized")
+    pinned = ck.expectation("moe_backend", arch, default=None)
+    if pinned is not None and backend.name not in pinned:
+        return f"MoE backend {backend.name} selected {on}; the matrix pins {', '.join(pinned)} for this arch"
+    return None

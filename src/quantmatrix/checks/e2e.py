@@ -1,0 +1,182 @@
+"""From a case and its group's engine run to a verdict: the plumbing between quality's oracles, the matrix's
+thresholds and the reference files. Cheap oracles first: when a group's output is degenerate, the expensive
+ones (a reference, another mode's engine start) are not evaluated; the degeneration case is already red.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.checks import quality
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.engine.runner import GroupRun
+from quantmatrix.errors import MatrixError
+from quantmatrix.schema.model import Case, Checkpoint
+
+LoadReference = Callable[[str], dict[str, Any]]
+
+
+def stated(checkpoint: Checkpoint, key: str) -> bool:
+    return key in checkpoint.expect or key in checkpoint.scheme.expect
+
+
+def tasks(checkpoint: Checkpoint) -> list[dict[str, str]]:
+    """The {prompt, answer} lines of a checkpoint's task file ([] when it states no accuracy)."""
+    if not stated(checkpoint, "accuracy"):
+        return []
+    path: Path = checkpoint.expectation("accuracy")["tasks"]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    bad = [i for i, r in enumerate(rows, 1) if not isinstance(r.get("prompt"), str) or not isinstance(
+        r.get("answer"), str)]
+    if bad or not rows:
+        raise MatrixError(f"{path}: every line must be {{\"prompt\": str, \"answer\": str}} (bad lines: "
+                          f"{bad or 'the file is empty'})")
+    return rows
+
+
+def _head(case: Case, run: GroupRun) -> str:
+    return f"{case.cell.id} [{run.routed()}]"
+
+
+def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
+    """What the engine really did, for the JUnit report: routing, device, versions, poison, timings."""
+    props: list[tuple[str, Any]] = [("engine_group", run.directory.name), ("engine_wall_s", f"{run.wall_s:.1f}")]
+    if run.failure is not None:
+        return [*props, ("engine_failure", run.failure.cause)]
+    r = run.result
+    assert r is not None
+    props += [("moe_routed", run.routed()), ("engine_device", r["device"]["name"]),
+              ("engine_vllm", r["versions"]["vllm_version"]), ("engine_torch", r["versions"]["torch_version"])]
+    props += [(f"engine_{k}", f"{v:.2f}") for k, v in sorted(r["timings"].items())]
+    overhead = run.overhead_s()
+    if overhead is not None:
+        props.append(("suite_overhead_s", f"{overhead:.1f}"))
+    for w in run.workers():
+        p = w["poison"]
+        if p["requested"]:
+            props.append(("poison", f"{p['requested']} in pid {p['pid']}: {p['parameters_filled']} parameters, "
+                                    f"{p['allocations_filled']} allocations filled"))
+    return props
+
+
+def engine_problem(case: Case, run: GroupRun) -> str | None:
+    """The run itself is unusable: it failed, or its poison mode did not take effect inside the engine."""
+    if run.failure is not None:
+        return f"{case.cell.id}: the engine run failed: {run.failure.message()}"
+    wanted = run.request["poison"]
+    if wanted:
+        states = [w["poison"] for w in run.workers()]
+        off = [s for s in states if not s["active"] or s["requested"] != wanted]
+        if not states or off:
+            seen = "; ".join(f"pid {s['pid']}: registered_by={s['registered_by']}, requested={s['requested']}, "
+                             f"models built={s['models_built']}" for s in states) or "no worker answered"
+            return (f"{case.cell.id}: mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
+                    f"not fill the model inside the engine ({seen}); the mode proved nothing")
+    return None
+
+
+def _degeneration(case: Case, run: GroupRun) -> tuple[quality.Degeneration, list[str]]:
+    metrics = quality.degeneration([o["token_ids"] for o in run.greedy()])
+    return metrics, metrics.crossed(case.cell.checkpoint.expectation("degeneration"))
+
+
+def degeneration(case: Case, run: GroupRun) -> Verdict:
+    v = Verdict(properties=run_properties(run))
+    v.problem = engine_problem(case, run)
+    if v.problem:
+        return v
+    metrics, crossed = _degeneration(case, run)
+    v.properties.append(("degeneration", metrics.summary()))
+    must = case.cell.checkpoint.expectation("degenerate")
+    worst = run.greedy()[metrics.worst_prompt]
+    sample = f"worst continuation (prompt {metrics.worst_prompt}): {worst['token_ids']} {worst['text']!r}"
+    if crossed and not must:
+        v.problem = (f"{_head(case, run)}: greedy output is degenerate: " + "; ".join(crossed) +
+                     f"\n{sample}\n(an expert path that outputs zeros or NaN looks exactly like this)")
+    elif must and not crossed:
+        v.problem = (f"{_head(case, run)}: this checkpoint is deliberately broken and must be flagged, but the "
+                     f"degeneration oracle passed it ({metrics.summary()}): the thresholds are too loose\n{sample}")
+    return v
+
+
+def _cheap_first(case: Case, run: GroupRun, v: Verdict) -> bool:
+    """True when the case may go on to its expensive oracle."""
+    v.problem = engine_problem(case, run)
+    if v.problem:
+        return False
+    _, crossed = _degeneration(case, run)
+    if crossed:
+        v.skip = (f"{case.cell.id}: not evaluated, the group's output is degenerate ({'; '.join(crossed)}); "
+                  "see its degeneration case")
+        return False
+    return True
+
+
+def _divergences(case: Case, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], k: int, what: str,
+                 v: Verdict) -> str | None:
+    """Compare two runs (k = 0: exact), note where each prompt diverged, and say what broke the rule."""
+    mismatch = quality.prompt_mismatch(ours, theirs)
+    if mismatch:
+        return f"{case.cell.id}: cannot compare with {what}: {mismatch}"
+    divs = quality.exact(ours, theirs) if k == 0 else quality.compare(ours, theirs, k)
+    v.properties.append(("first_divergence", ",".join(str(d.position) for d in divs)))
+    bad = [d for d in divs if not d.within_top_k]
+    if not bad:
+        return None
+    rule = "identical tokens" if k == 0 else f"a first divergence within each other's top-{k}"
+    return f"{len(bad)} of {len(divs)} prompts break the rule ({rule}):\n{quality.describe(divs)}"
+
+
+def agreement(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
+    v = Verdict(properties=run_properties(run))
+    if not _cheap_first(case, run, v):
+        return v
+    ref = reference("outputs")
+    k = case.cell.checkpoint.expectation("agreement_top_k")
+    broken = _divergences(case, run.greedy(), ref["outputs"], k, "the reference", v)
+    if broken:
+        by = ref["produced_by"]
+        v.problem = (f"{_head(case, run)}: greedy output disagrees with the reference "
+                     f"({by.get('source')}, {by.get('date')}): {broken}")
+    return v
+
+
+def invariance(case: Case, run: GroupRun, reference_run: Callable[[], GroupRun], reference_mode: str) -> Verdict:
+    v = Verdict(properties=run_properties(run))
+    if case.cell.mode.name == reference_mode:
+        raise MatrixError(f"{case.cell.id}: mode_invariance compares mode {reference_mode} with itself; "
+                          f"exclude it from the check with except_cells: [{{mode: {reference_mode}}}]")
+    if not _cheap_first(case, run, v):
+        return v
+    base = reference_run()
+    if base.failure is not None:
+        v.problem = (f"{case.cell.id}: cannot compare with mode {reference_mode}: its engine run failed: "
+                     f"{base.failure.message()}")
+        return v
+    k = case.cell.checkpoint.expectation("invariance_top_k")
+    broken = _divergences(case, run.greedy(), base.greedy(), k, f"mode {reference_mode}", v)
+    if broken:
+        v.problem = (f"{_head(case, run)} vs {reference_mode} [{base.routed()}]: mode {case.cell.mode.name} "
+                     f"changes greedy output, so something reads memory nobody wrote: {broken}")
+    return v
+
+
+def accuracy(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
+    v = Verdict(properties=run_properties(run))
+    if not _cheap_first(case, run, v):
+        return v
+    rows = tasks(case.cell.checkpoint)
+    solved = quality.score([o["text"] for o in run.tasks()], [r["answer"] for r in rows])
+    ref = reference("accuracy")
+    spec = case.cell.checkpoint.expectation("accuracy")
+    verdict = quality.AccuracyVerdict(sum(solved), len(solved), ref["correct"], ref["n"], spec["z"],
+                                      spec["max_drop"])
+    v.properties.append(("accuracy", verdict.arithmetic()))
+    if not verdict.ok:
+        misses = [rows[i]["prompt"] for i, ok in enumerate(solved) if not ok][:5]
+        v.problem = (f"{_head(case, run)}: task accuracy below the statistical bound: {verdict.arithmetic()}; "
+                     f"first misses: {misses}")
+    return v

@@ -1,0 +1,30 @@
+"""device_identity: the GPU under test is exactly the cell's arch, and the mode's allocator setting reaches it."""
+
+from __future__ import annotations
+
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.host.probe import Seen
+from quantmatrix.schema.model import Case
+
+
+def device_verdict(case: Case, seen: Seen) -> Verdict:
+    return Verdict(_problem(case, seen), properties=[
+        ("device_name", seen.name), ("device_capability", f"{seen.capability[0]}.{seen.capability[1]}"),
+        ("reserved_after_free", seen.reserved_after_free)])
+
+
+def _problem(case: Case, seen: Seen) -> str | None:
+    cell = case.cell
+    arch = cell.arch
+    if seen.capability != arch.capability:
+        return (f"cuda:0 is {seen.name} (capability {seen.capability[0]}.{seen.capability[1]}), but the cell "
+                f"is {arch.describe()} (capability {arch.capability[0]}.{arch.capability[1]})")
+    no_cache = cell.mode.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+    if no_cache and seen.reserved_after_free != 0:
+        return (f"mode {cell.mode.name} sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, yet the allocator still "
+                f"reserved {seen.reserved_after_free} bytes after the tensor was freed: the mode did not take "
+                "effect, so this cell would not reproduce allocator-dependent bugs")
+    if not no_cache and seen.reserved_after_free == 0:
+        return (f"mode {cell.mode.name} expects the caching allocator, but nothing stayed reserved after a "
+                "free: something disabled caching behind the matrix's back")
+    return None

@@ -1,0 +1,56 @@
+"""kernel_format: what vLLM's post-load conversion hands the fused-MoE kernel. The dequant alphas must be there
+and finite (the seed bug folded an uninitialised input_scale into `g1_alphas`), and the activation scales must be
+kept exactly when the matrix says the backend reads them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from quantmatrix.adapter.kernel import ACTIVATION_SCALES, ALPHAS, KernelFormat
+from quantmatrix.adapter.layers import LayerBuild
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.schema.model import Case, MoeBackend
+
+
+def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend],
+                   kf: KernelFormat | None) -> Verdict:
+    ck, arch = case.cell.checkpoint, case.cell.arch
+    if build.layer is None or kf is None:
+        if ck.expectation("resolves_to") == "rejected":
+            return Verdict(skip="vLLM refuses this config, as the matrix expects: there is no layer to convert")
+        return Verdict(f"vLLM refused to build the MoE layer: {build.error}")
+    if kf.needs_cuda:
+        return Verdict(skip=kf.needs_cuda)
+    on = f"{case.cell.id} (backend {build.layer.backend} on {arch.describe()})"
+    v = Verdict(properties=[("quant_config", kf.quant_config or ""),
+                            ("activation_scales_kept", ",".join(kf.activation_scales))])
+    backend = backends.get(build.layer.backend)
+    if kf.quant_config is None:
+        v.problem = (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what the kernel "
+                     "reads")
+    elif backend is None:
+        v.problem = f"{on}: backend {build.layer.backend} is not described under moe_backends"
+    else:
+        v.problem = _problem(on, kf, backend, ck.expectation("activation_scales", arch, default="any"))
+    return v
+
+
+def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: str) -> str | None:
+    if backend.kernel_alphas:
+        missing = [n for n in ALPHAS if kf.alphas.get(n) is None]
+        if missing:
+            return (f"{on}: the quant config {kf.quant_config} holds no {', '.join(missing)}: the dequant alphas are "
+                    "gone")
+        bad = [n for n in ALPHAS if kf.alphas.get(n) is False]
+        if bad:
+            return (f"{on}: {', '.join(bad)} hold non-finite values after kernel-format conversion: every expert "
+                    "output through them is NaN or inf")
+    kept = bool(kf.activation_scales)
+    if activation_scales == "not_read" and kept:
+        return (f"{on}: weight-only checkpoint, yet the kernel format carries activation scales "
+                f"({', '.join(kf.activation_scales)}): a W4A4 kernel would quantize activations with scales the "
+                "checkpoint never had")
+    if activation_scales == "read" and not kept:
+        return (f"{on}: the checkpoint's calibrated activation scales were dropped (no "
+                f"{'/'.join(ACTIVATION_SCALES)} in the kernel format): activations run unquantized")
+    return None

@@ -1,0 +1,121 @@
+"""The post-load audit's measurement: fill every parameter of vLLM's MoE layers with a sentinel, load the
+checkpoint through vLLM's real weight loaders, repeat with a second sentinel, and report every element that held
+the sentinel both times (one byte sentinel alone gives false hits on packed uint8 / fp8 data, 1 in 256), plus
+every loaded scale no kernel can use. checks.audit judges the findings.
+
+Imports torch: the plugin imports this module only when an audit case runs, never while collecting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+from quantmatrix.adapter.layers import MoELayer
+from quantmatrix.adapter.roles import role_of
+from quantmatrix.checks.audit import AuditReport, Finding
+
+# (float sentinel, byte sentinel) per pass
+SENTINELS = ((float("nan"), 0xA5), (-7.25e4, 0x5A))
+_SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
+
+
+def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
+    fsent, bsent = SENTINELS[pass_index]
+    with torch.no_grad():
+        for p in params.values():
+            if p.dtype.is_floating_point and p.element_size() > 1:
+                p.data.fill_(fsent)
+            else:  # uint8 packed weights, fp8 block scales: fill the bytes
+                p.data.view(torch.uint8).fill_(bsent)
+
+
+def held_sentinel(p: torch.Tensor, pass_index: int) -> torch.Tensor:
+    """Boolean mask of elements that still hold this pass's sentinel."""
+    fsent, bsent = SENTINELS[pass_index]
+    if p.dtype.is_floating_point and p.element_size() > 1:
+        return torch.isnan(p.data) if fsent != fsent else p.data == fsent
+    return p.data.view(torch.uint8) == bsent
+
+
+def _expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
+    if mask.dim() == 0 or mask.shape[0] != num_experts:
+        return ()
+    return tuple(int(i) for i in torch.nonzero(mask.reshape(num_experts, -1).any(dim=1)).flatten())
+
+
+def audit(layers: Iterable[MoELayer], tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+          reads: frozenset[str], single_input_scale: bool) -> AuditReport:
+    """Audit every MoE layer of the checkpoint (a hole can sit in any layer) against one backend's reads."""
+    reports = [_audit_one(layer, tensors, reads, single_input_scale) for layer in layers]
+    return AuditReport(reports[0].backend, reads, tuple(f for r in reports for f in r.findings),
+                  frozenset(n for r in reports for n in r.loaded))
+
+
+def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+               reads: frozenset[str], single_input_scale: bool) -> AuditReport:
+    """Load the checkpoint into `layer` twice (one sentinel each) and judge every parameter."""
+    params = {layer.prefix + n: p for n, p in layer.parameters().items()}
+    masks = []
+    loaded: set[str] = set()
+    refused: dict[str, str] = {}
+    for pass_index in range(len(SENTINELS)):
+        fill(params, pass_index)
+        for name, tensor in tensors():  # one at a time, so a refusal names its tensor
+            if not name.startswith(layer.prefix):
+                continue
+            try:
+                loaded |= layer.load([(name, tensor)])
+            except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+                refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
+    findings = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
+    n_exp = layer.num_experts
+    for name, p in params.items():
+        role = role_of(name)
+        is_read = role in reads
+        unloaded = masks[0][name] & masks[1][name]
+        if unloaded.any():
+            rows = _expert_rows(unloaded, n_exp)
+            share = f"{int(unloaded.sum())}/{unloaded.numel()} elements"
+            findings.append(Finding(name, role, "unloaded", rows, is_read, share))
+        if role in _SCALE_ROLES:
+            findings += _scale_findings(name, role, p, ~unloaded, n_exp, is_read, single_input_scale)
+    return AuditReport(layer.backend, reads, tuple(findings), frozenset(loaded))
+
+
+def _scale_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int, is_read: bool,
+                    single_input_scale: bool) -> list[Finding]:
+    values = p.data.float()
+    out = []
+    tests = {"nonfinite": ~torch.isfinite(values), "negative": values < 0}
+    if role != "block_scale":  # an all-zero weight block may legitimately carry a zero block scale
+        tests["zero"] = values == 0
+    for kind, bad in tests.items():
+        bad = bad & loaded
+        if bad.any():
+            out.append(Finding(name, role, kind, _expert_rows(bad, n_exp), is_read))
+    if role == "input_scale" and is_read and single_input_scale and bool(loaded.all()):
+        finite = values[torch.isfinite(values)]
+        if finite.numel() and float(finite.min()) != float(finite.max()):
+            out.append(Finding(name, role, "varies", (), is_read,
+                               f"{float(finite.min()):.4g}..{float(finite.max()):.4g} across experts; the backend "
+                               "takes one value per layer (vLLM uses the max)"))
+    return out
+
+
+def checkpoint_tensors(checkpoint_dir: Path, prefix: str = "") -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:
+    """A re-iterable source of the checkpoint's tensors under `prefix`, read from its safetensors files."""
+    from safetensors import safe_open
+
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+
+    def tensors() -> Iterable[tuple[str, torch.Tensor]]:
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    if name.startswith(prefix):
+                        yield name, f.get_tensor(name)
+    return tensors

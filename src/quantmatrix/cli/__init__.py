@@ -1,0 +1,45 @@
+"""`quantmatrix`: one command, every subcommand. Each module here registers its subcommands on the shared
+parser (`register(sub)`, each parser with `set_defaults(run=...)`) and turns arguments into calls of the parts
+below it; no verdict or file format lives here.
+
+Exit status of every subcommand: 0 success, 1 findings (failures, lint findings, failed downloads), 2 the
+command or its input was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from quantmatrix.cli import checkpoints, matrix, report
+from quantmatrix.errors import QuantmatrixError
+
+_MODULES = (matrix, report, checkpoints)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quantmatrix", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in _MODULES:
+        module.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args, rest = parser().parse_known_args(argv)
+    except SystemExit as e:  # argparse: --help is 0, a usage error 2
+        return 0 if e.code in (0, None) else 2
+    if rest and not getattr(args, "passthrough", False):
+        print(f"quantmatrix {args.command}: error: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.run(args, rest) if getattr(args, "passthrough", False) else args.run(args))
+    except QuantmatrixError as e:
+        print(f"quantmatrix {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `quantmatrix list | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -1,0 +1,85 @@
+"""`quantmatrix list`, `detect` and `run`: the matrix's cells, this host, and the suites into reports/<run-id>/."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.adapter.versions import versions
+from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.host.detect import detect
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Matrix
+
+
+def register(sub: Any) -> None:
+    for name, help_text in (("list", "the matrix's cells as a table"),
+                            ("detect", "this host's GPUs and the markers they satisfy"),
+                            ("run", "pytest over suites/ with JUnit into reports/<run-id>/; unknown arguments go "
+                                    "to pytest")):
+        sp = sub.add_parser(name, help=help_text)
+        sp.add_argument("--matrix", metavar="FILE", help="matrix YAML (default: matrices/default.yaml)")
+        if name in ("detect", "run"):
+            sp.add_argument("--arch", metavar="NAME", help="treat this host as arch NAME")
+        if name == "run":
+            sp.add_argument("--run-id", help="report directory name (default: timestamp-host)")
+            sp.add_argument("--out", metavar="DIR", help="report directory (default: reports/<run-id>)")
+        sp.set_defaults(run={"list": cmd_list, "detect": cmd_detect, "run": cmd_run}[name], passthrough=name == "run")
+
+
+def _matrix(args: argparse.Namespace) -> Matrix:
+    return load(args.matrix or default_matrix())
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    m = _matrix(args)
+    rows = [["CELL", "SCHEME", "PRODUCER", "ARCH", "MODE", "CHECKS"]]
+    for cell in m.cells():
+        checks = [f"{c.name}({c.tier})" for c in m.checks.values() if c.applies_to(cell)]
+        rows.append([cell.id, cell.checkpoint.scheme.name, cell.checkpoint.producer,
+                     f"{cell.arch.name} ({cell.arch.label})", cell.mode.name, ", ".join(checks)])
+    print(_table(rows))
+    cases = sum(len(m.cases(c)) for c in m.checks.values())
+    print(f"\n{len(rows) - 1} cells, {cases} cases from {m.path}")
+    return 0
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    m = _matrix(args)
+    host = detect(m, args.arch)
+    print(f"host: {host.describe(m)}")
+    print(f"detected via: {host.source}")
+    archs = host.archs(m)
+    markers = [n for a in archs for n in (a.name, *a.aliases)]
+    print(f"gpu-tier markers this host satisfies: {' '.join(markers) if markers else 'none'}")
+    for key, value in versions().items():
+        print(f"{key}: {value}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
+    """pytest in a child process: a crash in a suite never takes the CLI (or its report path) down with it."""
+    root = project_root()
+    run_id = args.run_id or f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{socket.gethostname().split('.')[0]}"
+    out = Path(args.out) if args.out else root / "reports" / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pytest", str(root / "suites"), f"--rootdir={root}",
+            f"--junitxml={out / 'junit.xml'}", "-o", "junit_family=xunit1"]
+    if args.matrix:
+        argv.append(f"--matrix={Path(args.matrix).resolve()}")
+    if args.arch:
+        argv.append(f"--arch={args.arch}")
+    print(f"quantmatrix run {run_id}: JUnit -> {out / 'junit.xml'}", flush=True)
+    env = {**os.environ, "QUANTMATRIX_RUN_ID": run_id}
+    return subprocess.run(argv + pytest_args, cwd=root, env=env).returncode

@@ -1,0 +1,16 @@
+"""What the engine runner (parent), the engine child and the poison plugin agree on: environment names and the
+child's command line. The request and result are JSON files written with atomic.write_atomic."""
+
+from __future__ import annotations
+
+# Set by a poison mode; read by engine.poison inside every engine process.
+POISON_ENV = "QUANTMATRIX_POISON"
+# Test-only: make the child misbehave before vLLM is imported, so the runner's timeout and crash handling are
+# tested without an engine. Values: hang (also leaves a grandchild in the process group), segfault, exit.
+FAULT_ENV = "QUANTMATRIX_TEST_CHILD_FAULT"
+# Set by a mode, never inherited from the shell that started pytest.
+MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV)
+# adapter.engine.on_every_worker: LLM.apply_model cloudpickles its function to the engine processes.
+ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+# `python -m CHILD_MODULE REQUEST.json RESULT.json`
+CHILD_MODULE = "quantmatrix.engine.child"

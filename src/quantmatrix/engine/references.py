@@ -1,0 +1,98 @@
+"""Reference data of the e2e tier: files keyed by checkpoint, scheme and mode, written only by
+`--update-references` from a trusted run, and required otherwise (a missing reference fails, never passes).
+
+    <references>/<checkpoint>/<scheme>/<mode>/outputs.json   greedy continuations with top-k logprobs
+    <references>/<checkpoint>/<scheme>/<mode>/accuracy.json  task accuracy (correct, n) of a real checkpoint
+    <references>/<checkpoint>/<scheme>/<mode>/outputs.gpu_tiny.json   the same, for the GPU-sized twin the
+                                                                      engine runs on CUDA hosts
+
+A trusted run is named by the checkpoint's `reference` expectation: `transformers` (HF transformers, greedy,
+on the checkpoint's bf16 weights or its dequantized/ export: independent of vLLM and of the hardware) or
+`engine` (the current engine run, on a runner someone vouches for).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.atomic import dump_json, write_atomic
+from quantmatrix.checkpoints.store import DEQUANTIZED
+from quantmatrix.errors import QuantmatrixError
+from quantmatrix.schema.model import Cell
+
+
+class ReferenceMissing(QuantmatrixError):
+    """No reference (or a stale one) for a cell; the message says how to write it."""
+
+
+def path(root: Path, cell: Cell, kind: str, size: str | None = None) -> Path:
+    """`size`: the synthetic size the engine ran when it is not the checkpoint's own (other weights)."""
+    ck = cell.checkpoint
+    return root / ck.id / ck.scheme.name / cell.mode.name / f"{kind}{'.' + size if size else ''}.json"
+
+
+def load(root: Path, cell: Cell, kind: str, size: str | None = None) -> dict[str, Any]:
+    p = path(root, cell, kind, size)
+    how = (f"write it from a trusted run: pytest suites -k '{cell.id}' --update-references "
+           f"(source: {cell.checkpoint.expectation('reference')})")
+    if not p.is_file():
+        raise ReferenceMissing(f"{cell.id}: no {kind} reference for checkpoint {cell.checkpoint.id}, scheme "
+                               f"{cell.checkpoint.scheme.name}, mode {cell.mode.name} ({p}); {how}")
+    data = json.loads(p.read_text(encoding="utf-8"))
+    key = (data.get("checkpoint"), data.get("scheme"), data.get("mode"))
+    if key != (cell.checkpoint.id, cell.checkpoint.scheme.name, cell.mode.name):
+        raise ReferenceMissing(f"{p} is keyed {key}, not {cell.id}'s checkpoint/scheme/mode; {how}")
+    return data
+
+
+def write(root: Path, cell: Cell, kind: str, body: dict[str, Any], produced_by: dict[str, Any],
+          size: str | None = None) -> Path:
+    """Atomically: a concurrent reader sees the old file or the new one."""
+    p = path(root, cell, kind, size)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = {"checkpoint": cell.checkpoint.id, "scheme": cell.checkpoint.scheme.name, "mode": cell.mode.name,
+            "produced_by": {**produced_by, "date": datetime.date.today().isoformat()}, **body}
+    write_atomic(p, dump_json(data))
+    return p
+
+
+def reference_weights(checkpoint_dir: Path) -> Path:
+    """The bf16 model a checkpoint encodes: its dequantized/ export for NVFP4, itself for bf16."""
+    deq = checkpoint_dir / DEQUANTIZED
+    return deq if (deq / "config.json").is_file() else checkpoint_dir
+
+
+def transformers_greedy(model_dir: Path, prompts: Sequence[str], max_tokens: int, k: int) -> dict[str, Any]:
+    """Greedy continuations by HF transformers (argmax of raw logits, EOS ignored, as the engine runs them),
+    with the top-k logprobs of every position; the prompts are tokenized by the checkpoint's own tokenizer."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from quantmatrix.checkpoints import base
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = base.load_hf(model_dir)
+    outputs = []
+    with torch.no_grad():
+        for text in prompts:
+            ids = tok(text)["input_ids"]
+            seq, past, tokens, logprobs = torch.tensor([ids]), None, [], []
+            for _ in range(max_tokens):
+                out = model(seq, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                nxt = int(lp.argmax())
+                values, idx = lp.topk(k)
+                logprobs.append({str(int(i)): float(v) for v, i in zip(values, idx, strict=True)})
+                tokens.append(nxt)
+                seq = torch.tensor([[nxt]])
+            outputs.append({"prompt_token_ids": ids, "token_ids": tokens, "logprobs": logprobs,
+                            "text": tok.decode(tokens)})
+    weights = "dequantized/" if model_dir.name == DEQUANTIZED else "the checkpoint's own bf16 weights"
+    return {"outputs": outputs, "produced_by": {"source": "transformers", "transformers": transformers.__version__,
+                                                "torch": torch.__version__, "weights": weights}}

@@ -1,0 +1,162 @@
+"""This host's GPUs, mapped to matrix archs by exact compute capability.
+
+Detection is an ordered chain of small providers (pytest-xdist's auto-workers style): the first that
+answers wins. Capability maps to exactly one family: sm120/sm121 are never "sm100 or later". No provider imports
+torch in this process: torch.cuda is asked in a child (host.probe), and only when torch is a GPU build.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from quantmatrix.errors import MatrixError
+from quantmatrix.host import probe
+from quantmatrix.schema.model import Arch, Matrix
+
+ARCH_ENV = "QUANTMATRIX_ARCH"
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    index: int
+    name: str
+    capability: tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """What detection saw, and how (`source`), so a skip reason can say why a GPU was not found."""
+
+    devices: tuple[Device, ...]
+    source: str
+    note: str = ""
+
+    def archs(self, matrix: Matrix) -> list[Arch]:
+        found = (matrix.arch_for_capability(d.capability) for d in self.devices)
+        return list(dict.fromkeys(a for a in found if a is not None))
+
+    def has(self, arch: Arch) -> bool:
+        return any(d.capability == arch.capability for d in self.devices)
+
+    def describe(self, matrix: Matrix) -> str:
+        if not self.devices:
+            return f"no CUDA device ({self.note})" if self.note else "no CUDA device"
+        parts = []
+        for d in self.devices:
+            arch = matrix.arch_for_capability(d.capability)
+            family = arch.describe() if arch else f"sm{d.capability[0]}{d.capability[1]}, not in the matrix"
+            parts.append(f"cuda:{d.index} {d.name} [{family}]")
+        return ", ".join(parts) + (f" (via {self.source})" if self.source != "torch.cuda" else "")
+
+
+Provider = Callable[[Matrix, "str | None"], "Host | None"]
+
+
+def _from_override(matrix: Matrix, override: str | None) -> Host | None:
+    """--arch NAME: a runner states what it is (e.g. detection is unreliable in its container)."""
+    if not override:
+        return None
+    arch = matrix.arch(override)
+    return Host((Device(0, f"declared {arch.label}", arch.capability),), "--arch")
+
+
+def _from_env(matrix: Matrix, override: str | None) -> Host | None:
+    name = os.environ.get(ARCH_ENV)
+    if not name:
+        return None
+    try:
+        arch = matrix.arch(name)
+    except MatrixError as e:
+        raise MatrixError(f"{ARCH_ENV}={name}: {e}") from None
+    return Host((Device(0, f"declared {arch.label}", arch.capability),), ARCH_ENV)
+
+
+def query_nvidia_smi() -> list[Device] | None:
+    """Ask the driver (no CUDA context in this process); None when nvidia-smi is absent or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=index,name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(out: str) -> list[Device]:
+    """Rows of `index, name, compute_cap` as `--format=csv,noheader` prints them."""
+    devices = []
+    for line in out.strip().splitlines():
+        idx, name, cap = (p.strip() for p in line.split(","))
+        major, _, minor = cap.partition(".")
+        devices.append(Device(int(idx), name, (int(major), int(minor))))
+    return devices
+
+
+def _from_nvidia_smi(matrix: Matrix, override: str | None) -> Host | None:
+    devices = query_nvidia_smi()
+    if devices is None:
+        return None
+    return Host(tuple(devices), "nvidia-smi")
+
+
+def torch_build() -> str | None:
+    """'cpu', 'cuda <version>' or 'rocm <version>' from torch/version.py, read without importing torch (an import
+    costs seconds and hundreds of MB, and must not happen while pytest collects); None: torch is not installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    version_py = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        tree = ast.parse(version_py.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return "unknown"
+    found: dict[str, object] = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
+            found[target.id] = node.value.value
+    for key, label in (("cuda", "cuda"), ("hip", "rocm")):
+        if found.get(key):
+            return f"{label} {found[key]}"
+    return "cpu" if "cuda" in found else "unknown"
+
+
+def query_torch() -> tuple[list[Device], str]:
+    """torch.cuda's view, asked in a child process (host.probe) unless torch is absent or a CPU build; the note
+    says why there is no device."""
+    build = torch_build()
+    if build is None:
+        return [], "torch not installed"
+    if build == "cpu":
+        return [], "CPU build of torch"
+    try:
+        devices = [Device(i, name, cap) for i, name, cap in probe.devices()]
+    except probe.ProbeError as e:
+        return [], f"torch ({build}) could not list devices: {e}"
+    return devices, "" if devices else f"torch ({build}) sees none"
+
+
+def _from_torch(matrix: Matrix, override: str | None) -> Host | None:
+    devices, note = query_torch()
+    return Host(tuple(devices), "torch.cuda", note)
+
+
+PROVIDERS: tuple[Provider, ...] = (_from_override, _from_env, _from_nvidia_smi, _from_torch)
+
+
+def detect(matrix: Matrix, override: str | None = None) -> Host:
+    for provider in PROVIDERS:
+        host = provider(matrix, override)
+        if host is not None:
+            return host
+    raise AssertionError("the torch provider always answers")

@@ -1,0 +1,202 @@
+"""The fixtures suites/ asks for: the case and its cell, what each check measures (computed once per
+checkpoint or per (checkpoint, arch) and cached on the Session), and the one `judge` every check goes through.
+
+Measuring modules that import torch or vLLM are imported inside the fixtures that need them, so that collecting
+the suites imports neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantmatrix.adapter import layers
+from quantmatrix.adapter.config import Resolution
+from quantmatrix.adapter.kernel import KernelFormat
+from quantmatrix.adapter.versions import vllm_missing_reason
+from quantmatrix.checkpoints import store
+from quantmatrix.checkpoints.lint import LintReport
+from quantmatrix.checks.audit import AuditReport
+from quantmatrix.checks.checkpoint import LogitError
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
+from quantmatrix.host.probe import Seen
+from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
+from quantmatrix.schema.model import Case, Cell, Matrix
+
+
+@pytest.fixture
+def case(request: pytest.FixtureRequest) -> Case:
+    """The matrix case of this test; parametrized by the plugin, never requested by hand."""
+    raise pytest.UsageError(f"{request.node.nodeid}: `case` is parametrized from the matrix only")
+
+
+@pytest.fixture
+def cell(case: Case) -> Cell:
+    return case.cell
+
+
+@pytest.fixture
+def quantmatrix_settings(request: pytest.FixtureRequest) -> Settings:
+    return request.config.stash[SETTINGS]
+
+
+@pytest.fixture
+def quantmatrix_session(request: pytest.FixtureRequest) -> Session:
+    return request.config.stash[SESSION]
+
+
+@pytest.fixture
+def matrix(quantmatrix_settings: Settings) -> Matrix:
+    assert quantmatrix_settings.matrix is not None  # a case exists only when a matrix was loaded
+    return quantmatrix_settings.matrix
+
+
+@pytest.fixture
+def judge(record_property: Callable[[str, object], None]) -> Callable[..., None]:
+    """Turn a verdict into the case's outcome: properties recorded, then fail / skip with the verdict's words.
+    A QuantmatrixError from the verdict (a matrix that states no expectation) fails the case with its message."""
+
+    def decide(check: Callable[..., Verdict], *args: Any) -> None:
+        try:
+            v = check(*args)
+        except QuantmatrixError as e:
+            pytest.fail(str(e), pytrace=False)
+        for key, value in v.properties:
+            record_property(key, value)
+        if v.problem:
+            pytest.fail(v.problem, pytrace=False)
+        if v.skip:
+            pytest.skip(v.skip)
+
+    return decide
+
+
+@pytest.fixture
+def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_session: Session) -> Path:
+    """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out
+    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage)."""
+    ck = cell.checkpoint
+    key = ("checkpoint", ck.id)
+    if key not in quantmatrix_session.memo:
+        try:
+            quantmatrix_session.memo[key] = store.materialize(ck)
+        except CheckpointUnavailable as e:
+            if quantmatrix_settings.strict_checkpoints:
+                pytest.fail(f"--strict-checkpoints: {e}", pytrace=False)
+            pytest.skip(str(e))
+    return quantmatrix_session.memo[key]
+
+
+@pytest.fixture
+def vllm() -> Any:
+    """vLLM itself; a case that needs it is skipped, with the reason, where it is not installed."""
+    reason = vllm_missing_reason()
+    if reason:
+        pytest.skip(reason)
+    import vllm as module
+
+    return module
+
+
+@pytest.fixture
+def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> Resolution:
+    """vLLM's config resolution of the cell's checkpoint, once per checkpoint per session."""
+    from quantmatrix.adapter import config
+
+    return quantmatrix_session.once(("resolution", checkpoint_dir), lambda: config.resolve(checkpoint_dir))
+
+
+def _build(session: Session, checkpoint_dir: Path, cell: Cell, every_layer: bool = False) -> layers.LayerBuild:
+    build = layers.build(checkpoint_dir, cell.arch.capability, every_layer)
+    session.layer_builds += max(1, len(build.layers))
+    return build
+
+
+@pytest.fixture
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> layers.LayerBuild:
+    """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
+    return quantmatrix_session.once(("moe_layer", checkpoint_dir, cell.arch.name),
+                                    lambda: _build(quantmatrix_session, checkpoint_dir, cell))
+
+
+@pytest.fixture
+def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, matrix: Matrix,
+               quantmatrix_session: Session) -> AuditReport | None:
+    """The post-load audit of every MoE layer, once per (checkpoint, arch); None when there is no layer or its
+    backend's reads are unknown (the verdict says which)."""
+    layer = moe_layer.layer
+    backend = matrix.moe_backends.get(layer.backend) if layer is not None else None
+    if backend is None:
+        return None
+
+    def run() -> AuditReport:
+        from quantmatrix.checks import sentinel
+
+        every = _build(quantmatrix_session, checkpoint_dir, cell, every_layer=True).layers
+        return sentinel.audit(every, sentinel.checkpoint_tensors(checkpoint_dir), backend.reads,
+                              backend.single_input_scale)
+
+    return quantmatrix_session.once(("audit", checkpoint_dir, cell.arch.name), run)
+
+
+@pytest.fixture
+def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> layers.LayerBuild:
+    """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited one)."""
+    return quantmatrix_session.once(("kernel_build", checkpoint_dir, cell.arch.name),
+                                    lambda: _build(quantmatrix_session, checkpoint_dir, cell))
+
+
+@pytest.fixture
+def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBuild,
+                  quantmatrix_session: Session) -> KernelFormat | None:
+    """vLLM's post-processing of the freshly loaded layer, once per (checkpoint, arch); None without a layer."""
+    layer = kernel_layer.layer
+    if layer is None:
+        return None
+
+    def run() -> KernelFormat:
+        from quantmatrix.adapter import kernel
+        from quantmatrix.checks import sentinel
+
+        layer.load(sentinel.checkpoint_tensors(checkpoint_dir, layer.prefix)())
+        return kernel.kernel_format(layer)
+
+    return quantmatrix_session.once(("kernel_format", checkpoint_dir, cell.arch.name), run)
+
+
+@pytest.fixture
+def lint_report(checkpoint_dir: Path, quantmatrix_session: Session) -> LintReport:
+    """The checkpoint lint with block scales read, once per checkpoint."""
+    from quantmatrix.checkpoints import lint
+
+    return quantmatrix_session.once(("lint", checkpoint_dir), lambda: lint.lint(checkpoint_dir, block_scales=True))
+
+
+@pytest.fixture
+def hf_greedy(checkpoint_dir: Path, quantmatrix_session: Session) -> tuple[list[list[int]], str | None]:
+    """transformers' greedy output from the checkpoint's files, against the recording (once per checkpoint)."""
+    from quantmatrix.checks import checkpoint
+
+    return quantmatrix_session.once(("hf_reference", checkpoint_dir), lambda: checkpoint.hf_reference(checkpoint_dir))
+
+
+@pytest.fixture
+def dequant_error(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) -> LogitError:
+    """The dequantized model's logits against its bf16 family's, once per distinct dequantized model."""
+    from quantmatrix.checks import checkpoint
+
+    bf16 = checkpoint.base_dir(cell.checkpoint)
+    key = ("dequant_logits", checkpoint.digest(checkpoint_dir / store.DEQUANTIZED / "model.safetensors"), bf16)
+    return quantmatrix_session.once(key, lambda: checkpoint.dequant_error(checkpoint_dir, bf16))
+
+
+@pytest.fixture
+def device_seen(cell: Cell) -> Seen:
+    """What a child process with the mode's environment sees of cuda:0 (it runs on the gpu tier only)."""
+    from quantmatrix.host import probe
+
+    return probe.run(cell.mode.env)

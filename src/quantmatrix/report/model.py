@@ -1,0 +1,190 @@
+"""The night's model: one folded result per case, the files it came from, the report, and its grid.
+
+Everything else in the package makes or reads these; this module imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+SCHEMA = 1  # of summary.json; load_previous refuses any other
+PASS = frozenset({"passed", "xpassed"})
+RED = frozenset({"failed", "error"})
+RAN = PASS | RED | {"waived"}
+LOST = frozenset({"newly_skipped", "newly_missing", "still_missing"})
+OUTCOMES = ("failed", "error", "missing", "skipped", "waived", "xpassed", "passed")
+LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
+NONE = "(none)"  # the axis value of a case that names no cell; sorted last
+compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it, without its per-call setup
+
+Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme
+
+
+def summary_entry(key: str, outcome: str, own: Mapping[str, str], seconds: float, message: str,
+                  log: str) -> str:
+    """A case's `"key":{...` member of summary.json's cases as far as its own file tells (no closing brace).
+
+    Made where the file is parsed (a worker process), so that writing 100k entries is joining strings.
+    """
+    entry: dict[str, Any] = {"outcome": outcome, "properties": own}
+    if seconds:
+        entry["time"] = seconds
+    if message:
+        entry["message"] = message
+    if log:
+        entry["log_tail"] = log
+    return f"{json_string(key)}:{compact_json(entry)[:-1]}"
+
+
+@dataclasses.dataclass(slots=True)
+class CaseResult:
+    """One test case after folding its attempts.
+
+    Its JUnit properties are split in `own` and `common` (those every case of its file shares, one object
+    per file) because 100k cases x 20 properties would otherwise dominate memory and summary.json.
+    """
+
+    key: str
+    outcome: str
+    own: dict[str, str]
+    common: dict[str, str]
+    axes: Axes
+    entry: str  # its `"key":{...}` member of summary.json: summary_entry(), completed by seal()
+    message: str = ""
+    log_tail: str = ""
+    time: float = 0.0
+    file: int | None = None
+    # Immutable defaults: most of 100k cases never get attempts, history or tags, and allocating empty
+    # containers for each of them is a measurable part of the 5 s budget.
+    attempts: tuple[str, ...] = ()
+    history: str = ""  # see diff.history_entries()
+    tags: frozenset[str] = frozenset()
+
+    def tag(self, name: str) -> None:
+        self.tags = self.tags | {name}
+
+    def seal(self) -> None:
+        """Complete the summary.json entry once file, attempts and history are final (once per case).
+
+        Done as each case is diffed, while the workers still parse, so writing summary.json is one join.
+        """
+        entry = self.entry
+        if self.file is not None:
+            entry += f',"file":{self.file}'
+        if self.history:
+            entry += f',"history":{json_string(self.history)}'
+        if self.attempts:
+            entry += f',"attempts":{compact_json(list(self.attempts))}'
+        self.entry = entry + "}"
+
+    def prop(self, name: str, default: str | None = None) -> str | None:
+        value = self.own.get(name)
+        return value if value is not None else self.common.get(name, default)
+
+    @property
+    def props(self) -> dict[str, str]:
+        return {**self.common, **self.own} if self.common else self.own
+
+    checkpoint = property(lambda self: self.axes[0])
+    arch = property(lambda self: self.axes[1])
+    mode = property(lambda self: self.axes[2])
+    check = property(lambda self: self.axes[3])
+
+
+@dataclasses.dataclass
+class Input:
+    """One merged JUnit file: its host-level (testsuite) properties, and the case properties that all its
+    cases share."""
+
+    path: str
+    cases: int
+    archs: list[str]
+    properties: dict[str, str]
+    common: dict[str, str]
+
+
+@dataclasses.dataclass
+class NightReport:
+    """Everything the outputs show: the merged cases (sorted by key), their diff and the cross-arch check."""
+
+    night: str
+    date: str
+    previous_night: str | None
+    history_nights: int
+    nights: list[dict[str, str]]  # newest first, aligned with every CaseResult.history
+    inputs: list[Input]
+    bad_inputs: list[dict[str, str]]
+    cases: dict[str, CaseResult]
+    diff: dict[str, Any]
+    disagreements: list[dict[str, Any]]
+
+    def vllm_version(self, case: CaseResult) -> str | None:
+        v = case.prop("vllm_version")
+        if v is None and case.file is not None:
+            v = self.inputs[case.file].properties.get("vllm_version")
+        return v
+
+    def totals(self) -> dict[str, int]:
+        out = dict.fromkeys(OUTCOMES, 0)
+        out.update(collections.Counter(c.outcome for c in self.cases.values()))
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        """1 when something broke or stopped being tested since last night."""
+        d = self.diff
+        return 1 if d["new_failures"] or d["newly_skipped"] or d["newly_missing"] else 0
+
+
+@dataclasses.dataclass
+class Grid:
+    """checkpoint rows x (arch, mode) columns, each cell holding its cases."""
+
+    rows: list[str]
+    schemes: dict[str, str]
+    cols: list[tuple[str, str]]
+    cells: dict[tuple[str, str, str], list[CaseResult]]
+
+
+def grid(report: NightReport) -> Grid:
+    """Computed once and shared by matrix.md and index.html, which show the same grid."""
+    cells: dict[tuple[str, str, str], list[CaseResult]] = {}
+    for c in report.cases.values():
+        cell = c.axes[:3]
+        if cell in cells:
+            cells[cell].append(c)
+        else:
+            cells[cell] = [c]
+    schemes: dict[str, str] = {}
+    for (checkpoint, _, _), members in cells.items():
+        if checkpoint not in schemes:
+            scheme = next((c.axes[4] for c in members if c.axes[4]), None)
+            if scheme:
+                schemes[checkpoint] = scheme
+    rows = sorted({k[0] for k in cells}, key=lambda r: (r == NONE, natural(r)))
+    cols = sorted({k[1:] for k in cells},
+                  key=lambda am: (am[0] == NONE, natural(am[0]), am[1] != "default", am[1]))
+    return Grid(rows, schemes, cols, cells)
+
+
+def cell_status(cases: list[CaseResult]) -> str:
+    """Worst first: a failure, then lost coverage, then a waiver; a cell of skips only is `skip`."""
+    outcomes = {c.outcome for c in cases}
+    if outcomes & RED:
+        return "fail"
+    if any(c.tags & LOST for c in cases):
+        return "lost"
+    if "waived" in outcomes:
+        return "waived"
+    return "pass" if outcomes & PASS else "skip"
+
+
+def natural(s: str) -> tuple:
+    """sm90 < sm100 < sm120 < sm121: numbers compare as numbers."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", s) if p)

@@ -1,0 +1,218 @@
+"""Reading JUnit files: one file into rows (in worker processes when there are many), and the inputs given.
+
+A file is read whole or reported as bad, never raised on, so one broken runner's file cannot stop the night.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+from xml.etree import ElementTree as ET
+
+from junitparser import Error, Failure, JUnitXml, JUnitXmlError, TestCase
+from junitparser import junitparser as _jp
+
+from quantmatrix.errors import ReportError
+from quantmatrix.report.model import LOG_CHARS, LOG_LINES, MESSAGE_CHARS, NONE, RED, Axes, summary_entry
+
+# junitparser parses with lxml when it is installed, else with the standard library.
+_PARSE_ERRORS = (_jp.etree.ParseError, ET.ParseError)
+_CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)\Z")
+
+
+class Row(NamedTuple):
+    """One <testcase> of one file, read by field name (FileRead.__reduce__ sends it as a plain tuple)."""
+
+    key: str
+    outcome: str
+    message: str
+    log_tail: str
+    time: float
+    props: dict[str, str]  # its own properties: those all cases of the file share are in FileRead.common
+    axes: Axes
+    stamp: str  # its suite's timestamp, which orders reruns in different files
+    entry: str  # its summary.json member, see model.summary_entry
+
+
+@dataclasses.dataclass
+class FileRead:
+    """One JUnit file: its rows, or the problem that made it unreadable."""
+
+    path: str
+    problem: str | None = None
+    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    common: dict[str, str] = dataclasses.field(default_factory=dict)
+    rows: list[Row] = dataclasses.field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """The rows travel from a worker as plain tuples and become Rows again on arrival: pickle saves a
+        plain tuple in C, but a NamedTuple through its class's reduce, which doubles the workers' pickling."""
+        return _arrived, (self.path, self.problem, self.properties, self.common, [tuple(r) for r in self.rows])
+
+
+def _arrived(path: str, problem: str | None, properties: dict[str, str], common: dict[str, str],
+             rows: list[tuple[Any, ...]]) -> FileRead:
+    return FileRead(path, problem, properties, common, list(map(Row._make, rows)))
+
+
+def tail(*texts: str | None) -> str:
+    """The last LOG_LINES lines (at most LOG_CHARS) of the non-blank texts: where a failure's cause is."""
+    lines = "\n".join(t.rstrip() for t in texts if t and t.strip()).splitlines()
+    return "\n".join(lines[-LOG_LINES:])[-LOG_CHARS:]
+
+
+def _waiver_expired(props: Mapping[str, str], today: datetime.date | None) -> bool:
+    if props.get("waiver_expired") == "true":
+        return True
+    try:
+        return today is not None and today > datetime.date.fromisoformat(props.get("waiver_expires", ""))
+    except ValueError:
+        return False
+
+
+def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -> tuple[str, str, str]:
+    """Map a junitparser TestCase to (outcome, message, log tail); an expired waiver is a failure."""
+    results = case.result
+    message, log = "", ""
+    bad = [r for r in results if isinstance(r, (Failure, Error))]
+    if bad:
+        outcome = "failed" if any(isinstance(r, Failure) for r in bad) else "error"
+        message = "\n".join(r.message or "" for r in bad)
+        log = tail(*(r.text for r in bad), case.system_out, case.system_err)
+    elif results:
+        message = results[0].message or ""
+        if results[0].type == "pytest.xfail":
+            outcome = "waived"
+        else:
+            outcome = "xpassed" if message == "xfail-marked test passes unexpectedly" else "skipped"
+    else:
+        outcome = "xpassed" if "waiver_reason" in props else "passed"
+    if outcome != "skipped" and "waiver_reason" in props and _waiver_expired(props, today):
+        if "waiver expired" not in message:  # the plugin's own failure may say so already
+            link = f" ({props['waiver_link']})" if props.get("waiver_link") else ""
+            message = (f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}{link}"
+                       + (f"\n{message}" if message else ""))
+        outcome = outcome if outcome in RED else "failed"
+    return outcome, message[:MESSAGE_CHARS], log
+
+
+def axes_of(key: str, props: Mapping[str, str]) -> Axes:
+    """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
+    check, ck, arch, mode = props.get("check"), props.get("checkpoint"), props.get("arch"), props.get("mode")
+    if not (check and ck and arch and mode):  # not all from the plugin: read the case's name
+        func, _, param = key.rpartition("::")[2].partition("[")
+        check = check or func.removeprefix("test_")
+        if not (ck and arch and mode):
+            m = _CELL.match(props.get("cell") or param.rstrip("]"))
+            parsed = m.groupdict() if m else {}
+            ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
+                              mode or parsed.get("mode", NONE))
+    # interned: a file's 100 cases then share 5 strings, which pickle sends from a worker once, not 100 times
+    intern = sys.intern
+    return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get("scheme", ""))
+
+
+def _read(path: str, today: datetime.date | None = None) -> FileRead:
+    """Read one JUnit file; any problem is reported, never raised, so the other files still merge."""
+    out = FileRead(path)
+    try:
+        if os.path.getsize(path) == 0:
+            out.problem = "empty file"
+            return out
+        xml = JUnitXml.fromfile(path)
+    except OSError as e:
+        out.problem = f"cannot read: {e.strerror}"
+        return out
+    except _PARSE_ERRORS as e:
+        out.problem = f"not well-formed XML (truncated?): {e}"
+        return out
+    except JUnitXmlError:
+        out.problem = "not a JUnit file: the root element is neither <testsuites> nor <testsuite>"
+        return out
+    rows: list[Row] = []  # their `entry` is made last: it holds only the properties not all cases share
+    intern = sys.intern  # property names recur in every case: one object each, pickled once, kept once
+    for suite in xml:
+        out.properties.update((p.name, p.value) for p in suite.properties())
+        stamp = suite.timestamp or ""
+        for elem in _testcases(suite._elem):
+            # junitparser 5 has no per-case properties API, and wrapping each <testcase> and <property>
+            # in its objects costs seconds per 100k cases: the elements are read directly, and only a case
+            # with a result (a few percent) is wrapped for junitparser to read its results.
+            props: dict[str, str] = {}
+            has_result = False
+            for child in elem:
+                tag = child.tag
+                if tag == "properties":
+                    for p in child:
+                        props[intern(p.get("name", ""))] = p.get("value", "")
+                elif tag == "failure" or tag == "error" or tag == "skipped":
+                    has_result = True
+            key = f"{elem.get('classname', '')}::{elem.get('name', '')}"
+            if has_result or "waiver_reason" in props:
+                outcome, message, log = _outcome(TestCase.fromelem(elem), props, today)
+            else:
+                outcome, message, log = "passed", "", ""
+            try:
+                seconds = float(elem.get("time") or 0)
+            except ValueError:
+                seconds = 0.0
+            rows.append(Row(key, outcome, message, log, seconds, props, axes_of(key, props), stamp, ""))
+    if rows:
+        shared = rows[0].props.items() & rows[-1].props.items()
+        for row in rows:
+            shared &= row.props.items()
+        out.common = dict(sorted(shared))  # sorted: the output's bytes must not depend on the hash seed
+        for row in rows if shared else ():
+            for k in out.common:
+                del row.props[k]
+    out.rows = [row._replace(entry=summary_entry(row.key, row.outcome, row.props, row.time, row.message,
+                                                 row.log_tail)) for row in rows]
+    return out
+
+
+def _testcases(suite: ET.Element) -> Iterator[ET.Element]:
+    """A suite's <testcase>s, then those of its nested suites, in junitparser's order."""
+    yield from suite.iterfind("testcase")
+    for nested in suite.iterfind("testsuite"):
+        yield from _testcases(nested)
+
+
+@contextlib.contextmanager
+def reading(paths: list[str], today: datetime.date | None, jobs: int) -> Iterator[Iterable[FileRead]]:
+    """The files, read in order. With several jobs (and enough files to pay for starting them) worker
+    processes are already parsing when this yields, so the caller's own work overlaps theirs."""
+    jobs = min(jobs, len(paths) // 16)
+    if jobs <= 1:
+        yield (_read(p, today) for p in paths)
+        return
+    pool = ProcessPoolExecutor(jobs)
+    try:
+        yield pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8)))
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """Expand files and run dirs (searched recursively for *.xml); a dir with none is a bad input."""
+    files: list[str] = []
+    bad: list[dict[str, str]] = []
+    for arg in args:
+        p = Path(arg)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*.xml") if f.is_file())
+            if not found:
+                bad.append({"path": arg, "problem": "run directory holds no *.xml file"})
+            files += found
+        elif p.exists():
+            files.append(str(p))
+        else:
+            raise ReportError(f"{arg}: no such file or directory")
+    return list(dict.fromkeys(files)), bad

