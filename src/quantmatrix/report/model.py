@@ -18,6 +18,7 @@ RED = frozenset({"failed", "error"})
 RAN = PASS | RED | {"waived"}
 LOST = frozenset({"newly_skipped", "newly_missing", "still_missing"})
 OUTCOMES = ("failed", "error", "missing", "skipped", "waived", "xpassed", "passed")
+NOT_TESTED = "not tested (vLLM broken)"
 LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
 NONE = "(none)"  # the axis value of a case that names no cell; sorted last
 compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
@@ -131,9 +132,25 @@ class NightReport:
         return v
 
     def totals(self) -> dict[str, int]:
+        """Outcome counts; a red case that never ran because the vLLM under test was broken counts as
+        `not tested (vLLM broken)`, apart from checks that ran and failed."""
         out = dict.fromkeys(OUTCOMES, 0)
-        out.update(collections.Counter(c.outcome for c in self.cases.values()))
+        out.update(collections.Counter(
+            NOT_TESTED if c.outcome in RED and c.prop("not_tested") == "vllm_broken" else c.outcome
+            for c in self.cases.values()))
         return out
+
+    def vllm_broken(self) -> list[str]:
+        """One line per run whose health check found the vLLM under test broken (pytest_plugin.health)."""
+        lines = []
+        for inp in self.inputs:
+            record = inp.properties.get("vllm_health", "")
+            if record.startswith("broken"):
+                where = inp.properties.get("host_arch") or "a host without a GPU"
+                runner = inp.properties.get("runner") or inp.common.get("runner", "")
+                lines.append(f"vLLM under test broken on {where}{f' ({runner})' if runner else ''}: "
+                             f"{record.removeprefix('broken: ')}")
+        return lines
 
     @property
     def exit_code(self) -> int:

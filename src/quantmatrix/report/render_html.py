@@ -56,7 +56,7 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
                   "Still failing": [index(k) for k in d["still_failing"]],
                   "Fixed": [index(k) for k in d["fixed"]], "Flaky": [index(k) for k in d["flaky"]]},
         "disagreements": disagreements,
-        "bad": report.bad_inputs,
+        "bad": report.bad_inputs, "vllm_broken": report.vllm_broken(),
         "runs": [_run(i) for i in report.inputs],
     }
 

@@ -89,6 +89,7 @@ def render(report: NightReport, g: Grid) -> str:
                     f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested**")
     else:
         head.append("> ✅ nothing new broke and nothing stopped being tested")
+    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken()]
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
 

@@ -28,7 +28,7 @@ from quantmatrix.schema.model import (
     Waiver,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
-from quantmatrix.schema.vocab import PRODUCERS, ROLES, TIERS
+from quantmatrix.schema.vocab import PRODUCERS, ROLES, TIERS, VLLM_PARTS
 from quantmatrix.schema.yamldoc import (
     Doc,
     Field,
@@ -155,6 +155,8 @@ _CHECK_FIELDS = {
     "cells": Field(lambda d, n, w: n, "cell selectors it applies to (default: all)", required=False),
     "except_cells": Field(lambda d, n, w: n, "cell selectors it skips", required=False),
     "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host", required=False),
+    "vllm": Field(list_of(one_of(VLLM_PARTS)), "parts of the vLLM under test it imports (default: none)",
+                  required=False),
     "description": Field(as_text, "what it proves"),
 }
 _NARROWING = ("cells", "except_cells", "cpu_cells")
@@ -174,7 +176,8 @@ def _checks(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme
             if s not in schemes:
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}{closest(s, schemes)}")
         records.append((r, i))
-        checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"], r["description"])
+        checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"], r["description"],
+                                  vllm=tuple(r["vllm"] or ()))
     return checks, records
 
 

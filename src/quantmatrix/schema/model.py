@@ -142,6 +142,7 @@ class Check:
     cells: tuple[Selector, ...] = ()
     except_cells: tuple[Selector, ...] = ()
     cpu_cells: tuple[Selector, ...] = ()
+    vllm: tuple[str, ...] = ()  # the parts of vLLM it needs (vocab.VLLM_PARTS): broken ones fail it at once
 
     def applies_to(self, cell: Cell) -> bool:
         if self.schemes is not None and cell.checkpoint.scheme.name not in self.schemes:

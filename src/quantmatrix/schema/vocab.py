@@ -5,6 +5,7 @@ from __future__ import annotations
 
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
+VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in adapter.roles.
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
