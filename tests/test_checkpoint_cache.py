@@ -53,18 +53,18 @@ def test_a_killed_build_leaves_nothing_a_later_run_trusts(matrix, monkeypatch):
 def test_hub_checkpoint_absent_from_local_cache_says_how_to_get_it(tmp_path, monkeypatch):
     """A hub id not in the HF cache is unavailable, with the exact download command for a host with access."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(CheckpointUnavailable, match="hf download nvidia/Qwen3-30B-A3B-NVFP4 "
+    with pytest.raises(CheckpointUnavailable, match="hf download example-org/tiny-moe-nvfp4 "
                                                     "--revision main"):
-        store.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main")
+        store.resolve_hub("example-org/tiny-moe-nvfp4", "main")
 
 
 def test_hub_checkpoint_is_found_in_a_fake_local_cache(tmp_path, monkeypatch):
     """The huggingface_hub cache layout (refs/<rev> -> snapshots/<commit>) is followed without any network."""
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    base = tmp_path / "hub" / "models--nvidia--Qwen3-30B-A3B-NVFP4"
+    base = tmp_path / "hub" / "models--example-org--tiny-moe-nvfp4"
     commit = "a" * 40
     (base / "refs").mkdir(parents=True)
     (base / "refs" / "main").write_text(commit)
     (base / "snapshots" / commit).mkdir(parents=True)
     (base / "snapshots" / commit / "config.json").write_text("{}")
-    assert store.resolve_hub("nvidia/Qwen3-30B-A3B-NVFP4", "main") == base / "snapshots" / commit
+    assert store.resolve_hub("example-org/tiny-moe-nvfp4", "main") == base / "snapshots" / commit

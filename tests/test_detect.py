@@ -74,9 +74,16 @@ def test_env_override_with_typo_is_a_matrix_error(matrix, monkeypatch, no_cuda):
 
 
 def test_real_torch_query_is_consistent_on_this_host():
-    """The real torch provider never raises; without CUDA it says why."""
+    """The real torch provider never raises: with a CUDA build and a GPU it lists devices and no note; a CPU
+    build lists none and says so (this CPU CI host); a CUDA build without a GPU lists none and says why."""
     devices, note = detect.query_torch()
-    assert devices or note
+    build = detect.torch_build()
+    if build == "cpu":
+        assert (devices, note) == ([], "CPU build of torch")
+    elif devices:
+        assert note == "" and all(isinstance(d, detect.Device) for d in devices)
+    else:
+        assert note.startswith(f"torch ({build})"), note
 
 
 def _cell(matrix, arch: str, mode: str) -> Cell:

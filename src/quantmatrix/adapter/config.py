@@ -62,8 +62,9 @@ def resolve(checkpoint_dir: Path) -> Resolution:
         if mc.quantization is None:
             return Resolution("none", "", "", "unquantized", "vLLM found no quantization config")
         config = get_quant_config(mc, LoadConfig())
-    except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError) as e:
-        # pydantic's ValidationError is a ValueError; these are vLLM refusing the config.
+    except (ValueError, NotImplementedError) as e:
+        # vLLM refuses a config with these (pydantic's ValidationError is a ValueError); anything else it raises
+        # (KeyError, TypeError, AssertionError, ...) is a crash and stays an error, never a "rejection".
         return Resolution("?", "", "", "rejected", reason(e))
     algo, scheme = classify(config)
     return Resolution(config.get_name(), type(config).__name__, algo, scheme)

@@ -7,6 +7,8 @@ import dataclasses
 from typing import Any
 
 from quantmatrix.adapter.layers import MoELayer
+from quantmatrix.adapter.versions import versions
+from quantmatrix.errors import AdapterMismatch
 
 # Fields of vLLM's FusedMoEQuantConfig (0.32): the dequant alphas, and the activations' global scales.
 ALPHAS = ("g1_alphas", "g2_alphas")
@@ -41,8 +43,6 @@ def convert(layer: MoELayer) -> Any:
 
 def kernel_format(layer: MoELayer) -> KernelFormat:
     """Convert a freshly loaded layer and read the quant config; a conversion that needs CUDA says which op."""
-    import torch
-
     try:
         quant_config = convert(layer)
     except (AssertionError, AttributeError, RuntimeError) as e:
@@ -53,9 +53,22 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
         raise
     if quant_config is None:
         return KernelFormat(None)
+    return read_quant_config(quant_config)
+
+
+def read_quant_config(quant_config: Any) -> KernelFormat:
+    """The alphas (None when absent or empty: `all()` over no values proves nothing) and the activation scales
+    kept; a quant config without these fields at all is a vLLM that moved them, not a verdict."""
+    import torch
+
+    moved = [n for n in (*ALPHAS, *ACTIVATION_SCALES) if not hasattr(quant_config, n)]
+    if moved:
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: {type(quant_config).__name__} has no "
+                              f"{', '.join(moved)}; update quantmatrix/adapter/kernel.py")
     alphas: dict[str, bool | None] = {}
     for name in ALPHAS:
-        value = getattr(quant_config, name, None)
-        alphas[name] = bool(torch.isfinite(value).all()) if isinstance(value, torch.Tensor) else None
-    kept = tuple(n for n in ACTIVATION_SCALES if isinstance(getattr(quant_config, n, None), torch.Tensor))
+        value = getattr(quant_config, name)
+        present = isinstance(value, torch.Tensor) and value.numel() > 0
+        alphas[name] = bool(torch.isfinite(value).all()) if present else None
+    kept = tuple(n for n in ACTIVATION_SCALES if isinstance(getattr(quant_config, n), torch.Tensor))
     return KernelFormat(None, type(quant_config).__name__, alphas, kept)

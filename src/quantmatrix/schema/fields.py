@@ -115,9 +115,21 @@ def source(doc: Doc, node: yaml.Node, what: str) -> Source:
 
 
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
+def pattern(doc: Doc, node: yaml.Node, what: str) -> str:
+    """A regular expression, compiled once here so that a typo is a matrix error with its line, not a crash."""
+    text = as_text(doc, node, what)
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise doc.error(node, f"{what}: not a regular expression ({e})") from None
+    return text
+
+
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
+    "rejected_because": Field(pattern, "with resolves_to: rejected, a regular expression vLLM's refusal must "
+                              "match (any other refusal, or a crash, is a failure)", required=False),
     "activation_scales": Field(lambda d, n, w: per_arch(d, n, w, one_of(ACTIVATION_SCALES)),
                                "whether the selected MoE backend must read input_scale: read, not_read or any "
                                "(a value, or per arch {sm90: any, '*': read})", required=False),
