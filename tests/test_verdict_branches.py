@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from matrixkit import case_for
+
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.kernel import KernelFormat, read_quant_config
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
