@@ -187,7 +187,8 @@ def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteR
     (lambda s: s | {"cases": {"k": {"outcome": "exploded", "properties": {}}}},
      "previous summary is malformed"),
     (lambda s: {k: v for k, v in s.items() if k != "inputs"}, "previous summary is malformed"),
-    (lambda s: s | {"nights": [{"date": "2026-11-30"}]}, "previous summary is malformed (KeyError: 'night')"),
+    (lambda s: s | {"nights": [{"date": "2026-11-30"}]},
+     "previous summary is malformed (ValueError: nights[0] is not {night: str, date: str}"),
 ])
 def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str], edit: Any,

@@ -144,7 +144,8 @@ def test_rerun_in_a_second_file_folds_with_its_history(junit_suite: SuiteRunner)
 def test_bad_files_are_named_and_skipped_and_the_rest_is_merged(junit_suite: SuiteRunner, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """Empty, truncated, non-JUnit and binary files and a run dir without XML are each named with the reason
-    in summary.json, matrix.md and index.html; the good file is still merged."""
+    in summary.json, matrix.md, index.html and on stderr; the good file is still merged; the command exits 2
+    unless --allow-bad-inputs accepts a partial night."""
     junit_suite.run("good", CELLS)
     runs = tmp_path / "runs"
     (runs / "sm121").mkdir(parents=True)
@@ -156,9 +157,14 @@ def test_bad_files_are_named_and_skipped_and_the_rest_is_merged(junit_suite: Sui
     (runs / "sm121" / "html.xml").write_text("<html><body>502 Bad Gateway</body></html>")
     (runs / "sm121" / "binary.xml").write_bytes(os.urandom(256))
     out = tmp_path / "out"
-    # 0: without a previous night nothing is known to be lost (with one, the unreadable file's cases
-    # would be missing, a coverage loss, and the exit code 1).
-    assert main(["report", str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out)]) == 0
+    argv = ["report", str(runs / "sm121"), str(runs / "empty-dir"), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for name in ("empty.xml", "truncated.xml", "html.xml", "binary.xml", "empty-dir"):
+        assert f"bad input {runs}" in err and name in err
+    # 0 with --allow-bad-inputs: without a previous night nothing is known to be lost (with one, the unreadable
+    # file's cases would be missing, a coverage loss, and the exit code 1).
+    assert main([*argv, "--allow-bad-inputs"]) == 0
     data = json.loads((out / "summary.json").read_text())
     problems = {Path(b["path"]).name: b["problem"] for b in data["bad_inputs"]}
     assert problems["empty.xml"] == "empty file"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 import math
 import re
 import struct
@@ -19,7 +18,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.errors import QuantmatrixError
+from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
+
+__all__ = ["LintError", "LintReport", "lint"]
+MAX_EXPERTS = 65536  # a config claiming more is refused, not expanded into a finding per expert
+EXPERT_FINDINGS = 16  # missing experts of one projection listed one by one; beyond that, summarised
 
 _LEAVES = {
     "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
@@ -30,8 +33,6 @@ _NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed
                  "input_global_scale"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
-                "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
 _EXPERT = re.compile(r"\.layers\.(\d+)\..*\.experts\.(\d+)\.")
 
 
@@ -106,10 +107,6 @@ class LintReport:
                           *(f"  {f}" for f in self.findings)])
 
 
-class LintError(QuantmatrixError):
-    """The directory cannot be linted at all (no config, unreadable header)."""
-
-
 # ------------------------------------------------------------------------------------------ reading
 
 
@@ -119,19 +116,9 @@ def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
     tensors: dict[str, Tensor] = {}
     findings = []
     for file in files:
-        with file.open("rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise LintError(f"{file}: too short for a safetensors header")
-            (size,) = struct.unpack("<Q", raw)
-            try:
-                header = json.loads(fh.read(size))
-            except (ValueError, UnicodeDecodeError) as e:
-                raise LintError(f"{file}: unreadable safetensors header ({e})") from None
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            t = Tensor(name, meta["dtype"], tuple(meta["shape"]), file, 8 + size + meta["data_offsets"][0])
+        _, entries = read_header(file, path)
+        for name, dtype, shape, offset in entries:
+            t = Tensor(name, dtype, shape, file, offset)
             if name in tensors:
                 findings.append(Finding("inconsistent", name.rpartition(".")[0], name.rpartition(".")[2],
                                         f"stored twice ({tensors[name].file.name} and {file.name})"))
@@ -142,7 +129,7 @@ def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
 def _read(t: Tensor, count: int) -> bytes:
     with t.file.open("rb") as fh:
         fh.seek(t.offset)
-        return fh.read(count * _DTYPE_BYTES[t.dtype])
+        return fh.read(count * DTYPE_BYTES[t.dtype])
 
 
 def scalar(t: Tensor) -> float:
@@ -160,19 +147,32 @@ def _activations(group: Any) -> str:
     return "null" if acts is None else ("empty" if acts == {} else "quantized")
 
 
+def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
+    """The config's ignore list: strings only, and every `re:` pattern one that cannot backtrack for hours."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise LintError(f"{where}: the ignore list must be a list of strings, got {str(value)[:80]}")
+    for p in value:
+        if p.startswith("re:"):
+            safe_regex(p[3:], str(where))
+    return tuple(value)
+
+
 def declared(path: Path) -> tuple[Declared, list[Finding]]:
     """The config's scheme, read as vLLM reads it, plus config-level findings."""
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise LintError(f"{path}: cannot read config.json ({e})") from None
+    cfg = json_object(path / "config.json", "config.json")
     qc = cfg.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise LintError(f"{path}/config.json: quantization_config is {type(qc).__name__}, not an object")
     legacy = path / "hf_quant_config.json"
     findings: list[Finding] = []
     if qc is None and legacy.is_file():
-        inner = json.loads(legacy.read_text()).get("quantization", {})
+        inner = json_object(legacy, "hf_quant_config.json").get("quantization", {})
+        if not isinstance(inner, dict):
+            raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
         algo = inner.get("quant_algo")
-        ignore = tuple(inner.get("exclude_modules") or ())
+        ignore = _ignore_list(inner.get("exclude_modules"), legacy)
         scheme = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}.get(algo)
         if scheme is None:
             raise LintError(f"{legacy}: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
@@ -187,7 +187,7 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
         "config_groups empty" if "config_groups" in qc else "config_groups missing")
     if method == "modelopt":
         algo = qc.get("quant_algo")
-        ignore = tuple(qc.get("ignore") or qc.get("exclude_modules") or ())
+        ignore = _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), path / "config.json")
         if algo == "W4A16_NVFP4":
             scheme = "weight_only"
         elif algo == "NVFP4":
@@ -210,7 +210,7 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
                                     "checks every module against W4A4"))
         scheme = "w4a4" if "w4a4" in kinds else "weight_only"
         return Declared("compressed-tensors", scheme, f"config.json format {fmt}, {shape}",
-                        tuple(qc.get("ignore") or ())), findings
+                        _ignore_list(qc.get("ignore"), path / "config.json")), findings
     raise LintError(f"{path}/config.json: quant_method {method!r} is neither modelopt nor compressed-tensors")
 
 
@@ -291,7 +291,9 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
 def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]) -> list[Finding]:
     """Every expert of every MoE layer has the same projections as its siblings, and as many experts as
     config.json says."""
-    n = config.get("num_experts") or config.get("num_local_experts")
+    n = config.get("num_experts") or config.get("num_local_experts") or 0
+    if type(n) is not int or not 0 <= n <= MAX_EXPERTS:
+        raise LintError(f"config.json: num_experts {str(n)[:40]!r} is not an integer from 0 to {MAX_EXPERTS}")
     layers: dict[str, dict[int, set[str]]] = {}
     for module in modules:
         head, sep, tail = module.partition(".experts.")
@@ -301,10 +303,15 @@ def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]
     out = []
     for head, experts in layers.items():
         projs = set().union(*experts.values())
-        for e in range(n or 0):
-            for proj in sorted(projs - experts.get(e, set())):
+        for proj in sorted(projs):
+            missing = [e for e in range(n) if proj not in experts.get(e, ())]
+            for e in missing[:EXPERT_FINDINGS]:
                 out.append(Finding("missing_tensor", f"{head}.experts.{e}.{proj}", "", f"no tensors at all; "
                                    f"config.json says {n} experts and siblings have {proj}"))
+            if len(missing) > EXPERT_FINDINGS:
+                more = len(missing) - EXPERT_FINDINGS
+                out.append(Finding("missing_tensor", f"{head}.experts.*.{proj}", "", f"and {more} more experts "
+                                   f"(up to {missing[-1]}) have no {proj} either"))
     return out
 
 
@@ -335,7 +342,7 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     if not tensors:
         raise LintError(f"{path}: no *.safetensors files with tensors")
     findings += dupes
-    config = json.loads((path / "config.json").read_text())
+    config = json_object(path / "config.json", "config.json")
     modules: dict[str, dict[str, Tensor]] = {}
     for t in tensors.values():
         module, _, leaf = t.name.rpartition(".")

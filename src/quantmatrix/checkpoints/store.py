@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from quantmatrix.checkpoints.configs import config_files, digest
 from quantmatrix.errors import CheckpointUnavailable, MatrixError
 from quantmatrix.schema.model import Checkpoint
 from quantmatrix.schema.synthetic import SyntheticSpec
+from quantmatrix.schema.vocab import bad_hub_repo, bad_hub_revision
 
 _COMPLETE = ".quantmatrix-complete"
 DEQUANTIZED = "dequantized"
@@ -114,11 +116,14 @@ def hub_cache() -> Path:
 def download_command(repo: str, revision: str) -> str:
     """The line that puts repo@revision into the cache resolve_hub reads (`hf` is huggingface_hub's CLI since
     0.34; 1.0 removed `huggingface-cli`)."""
-    return f"hf download {repo} --revision {revision}"
+    return shlex.join(["hf", "download", repo, "--revision", revision])
 
 
 def resolve_hub(repo: str, revision: str) -> Path:
     """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
+    bad = bad_hub_repo(repo) or bad_hub_revision(revision)
+    if bad:
+        raise CheckpointUnavailable(f"{repo}@{revision}: {bad}")
     base = hub_cache() / f"models--{repo.replace('/', '--')}"
     commit = revision
     ref = base / "refs" / revision

@@ -3,7 +3,8 @@ parser (`register(sub)`, each parser with `set_defaults(run=...)`) and turns arg
 below it; no verdict or file format lives here.
 
 Exit status of every subcommand: 0 success, 1 findings (failures, lint findings, failed downloads), 2 the
-command or its input was wrong.
+command or its input was wrong, 3 an internal error (a bug in quantmatrix: the traceback goes to a log file, and
+the exit code never looks like a verdict).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+import traceback
 
 from quantmatrix.cli import checkpoints, matrix, report
 from quantmatrix.errors import QuantmatrixError
@@ -43,3 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `quantmatrix list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (Exception, RecursionError) as e:  # noqa: BLE001 - a bug is reported, never mistaken for a verdict
+        return internal_error(args.command, e)
+
+
+def internal_error(command: str, error: BaseException) -> int:
+    """Exit 3 with one line on stderr and the traceback in a log file the line names."""
+    fd, log = tempfile.mkstemp(prefix=f"quantmatrix-{command}-", suffix=".log")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"quantmatrix {command} {' '.join(sys.argv[1:])}\n")
+        f.write("".join(traceback.format_exception(error)))
+    print(f"quantmatrix {command}: internal error, please report: {type(error).__name__}: {str(error)[:300]} "
+          f"(traceback in {log})", file=sys.stderr)
+    return 3

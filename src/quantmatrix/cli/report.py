@@ -1,7 +1,9 @@
 """`quantmatrix report`: merge the runners' JUnit files into summary.json, matrix.md and index.html.
 
 Exit status: 0 nothing new broke and nothing stopped being tested, 1 something did (the nightly job's
-verdict), 2 the command or its input was wrong (raised as ReportError, printed by quantmatrix.cli.main).
+verdict), 2 the command or its input was wrong (raised as ReportError, printed by quantmatrix.cli.main), or an
+input file could not be read (the outputs are still written from the rest, and each bad file is named on stderr;
+`--allow-bad-inputs` makes that a partial night instead, judged on what was read).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import datetime
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,8 @@ def register(sub: Any) -> None:
     p.add_argument("--history", type=int, default=7, metavar="N", help="nights of history kept (default 7)")
     p.add_argument("--date", help="date of this run, YYYY-MM-DD (default: today)")
     p.add_argument("--night", help="label of this run (default: the date)")
+    p.add_argument("--allow-bad-inputs", action="store_true",
+                   help="a JUnit file that cannot be read does not fail the command (a partial night)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel parsers (default: CPUs)")
     p.set_defaults(run=run)
 
@@ -66,6 +71,12 @@ def _run(args: argparse.Namespace) -> int:
           f"{len(d['still_failing'])} still failing, "
           f"{len(d['fixed'])} fixed, {untested} newly untested, {len(d['flaky'])} flaky, "
           f"{len(report.disagreements)} cross-arch disagreements -> {paths['html']}")
+    for b in report.bad_inputs:
+        print(f"quantmatrix report: bad input {b['path']}: {b['problem']}", file=sys.stderr)
+    if report.bad_inputs and not args.allow_bad_inputs:
+        print(f"quantmatrix report: {len(report.bad_inputs)} input file(s) could not be read; pass "
+              "--allow-bad-inputs to judge a partial night", file=sys.stderr)
+        return 2
     return report.exit_code
 
 

@@ -119,6 +119,6 @@ def summary_json(report: NightReport) -> str:
         "inputs": [{"path": i.path, "cases": i.cases, "archs": i.archs, "properties": i.properties,
                     "common": i.common} for i in report.inputs],
         "bad_inputs": report.bad_inputs, "diff": report.diff, "disagreements": report.disagreements,
-    }, separators=(",", ":"))
+    }, separators=(",", ":"), allow_nan=False)
     body = ",".join(c.entry for c in report.cases.values())
     return head[:-1] + ',"cases":{' + body + "}}"

@@ -48,17 +48,23 @@ def load_previous(path: str | Path) -> Previous:
     try:
         prev = Previous(str(data["night"]), str(data["date"]), list(data["nights"]), list(data["inputs"]),
                         dict(data["cases"]))
-        for night in prev.nights:
-            str(night["night"]), str(night["date"])
+        for i, night in enumerate(prev.nights):
+            if type(night) is not dict or type(night.get("night")) is not str or type(night.get("date")) is not str:
+                raise ValueError(f"nights[{i}] is not {{night: str, date: str}}: {str(night)[:100]}")
         for inp in prev.inputs:
-            dict(inp["common"]), dict(inp["properties"])
-        outcomes, files = frozenset(OUTCOMES), range(len(prev.inputs))
+            if type(inp["common"]) is not dict or type(inp["properties"]) is not dict:
+                raise ValueError(f"input {str(inp.get('path'))[:100]!r} has malformed common or properties")
+        outcomes, files, kept = frozenset(OUTCOMES), range(len(prev.inputs)), len(prev.nights)
         for key, c in prev.cases.items():  # one pass, cheap checks: it runs for 100k cases a night
             f = c.get("file")
-            if c["outcome"] not in outcomes or type(c["properties"]) is not dict or \
-                    type(c.get("history", "")) is not str or not (f is None or (type(f) is int and f in files)):
+            history = c.get("history", "")
+            if type(c) is not dict or c["outcome"] not in outcomes or type(c["properties"]) is not dict or \
+                    type(history) is not str or not (f is None or (type(f) is int and f in files)):
                 raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties, "
                                  "history or file")
+            if history.count(" ") >= kept and len(history.split()) > kept:  # the cheap test first
+                raise ValueError(f"case {key!r} has {len(history.split())} nights of history, the summary "
+                                 f"names {kept}")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"{path}: previous summary is malformed ({type(e).__name__}: {e})") from None
     return prev

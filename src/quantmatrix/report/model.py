@@ -21,7 +21,8 @@ OUTCOMES = ("failed", "error", "missing", "skipped", "waived", "xpassed", "passe
 NOT_TESTED = "not tested (vLLM broken)"
 LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
 NONE = "(none)"  # the axis value of a case that names no cell; sorted last
-compact_json = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+# one encoder, not one per call; strict JSON (no NaN), which summary.json promises its readers
+compact_json = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 json_string = json.encoder.encode_basestring_ascii  # a str as json.dumps writes it, without its per-call setup
 
 Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme

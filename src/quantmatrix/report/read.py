@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import math
 import os
 import re
 import sys
@@ -137,6 +138,15 @@ def _read(path: str, today: datetime.date | None = None) -> FileRead:
     except JUnitXmlError:
         out.problem = "not a JUnit file: the root element is neither <testsuites> nor <testsuite>"
         return out
+    try:
+        _cases(out, xml, today)
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError) as e:
+        out.problem, out.rows, out.properties = f"not a readable JUnit file: {type(e).__name__}: {e}"[:500], [], {}
+    return out
+
+
+def _cases(out: FileRead, xml: Any, today: datetime.date | None) -> None:
+    """The file's cases into out.rows, and its suite properties."""
     rows: list[Row] = []  # their `entry` is made last: it holds only the properties not all cases share
     intern = sys.intern  # property names recur in every case: one object each, pickled once, kept once
     for suite in xml:
@@ -164,6 +174,8 @@ def _read(path: str, today: datetime.date | None = None) -> FileRead:
                 seconds = float(elem.get("time") or 0)
             except ValueError:
                 seconds = 0.0
+            if not math.isfinite(seconds) or seconds < 0:  # time="nan" would make summary.json invalid JSON
+                seconds = 0.0
             rows.append(Row(key, outcome, message, log, seconds, props, axes_of(key, props), stamp, ""))
     if rows:
         shared = rows[0].props.items() & rows[-1].props.items()
@@ -175,14 +187,16 @@ def _read(path: str, today: datetime.date | None = None) -> FileRead:
                 del row.props[k]
     out.rows = [row._replace(entry=summary_entry(row.key, row.outcome, row.props, row.time, row.message,
                                                  row.log_tail)) for row in rows]
-    return out
 
 
 def _testcases(suite: ET.Element) -> Iterator[ET.Element]:
-    """A suite's <testcase>s, then those of its nested suites, in junitparser's order."""
-    yield from suite.iterfind("testcase")
-    for nested in suite.iterfind("testsuite"):
-        yield from _testcases(nested)
+    """A suite's <testcase>s, then those of its nested suites, in junitparser's order (depth first, without
+    recursion: a file of thousands of nested suites is just a deep file)."""
+    stack = [suite]
+    while stack:
+        s = stack.pop()
+        yield from s.iterfind("testcase")
+        stack.extend(reversed(s.findall("testsuite")))
 
 
 @contextlib.contextmanager

@@ -25,8 +25,26 @@ def _text(s: str, limit: int = 200) -> str:
     return _SPECIAL.sub(r"\\\1", s)
 
 
-def _code(s: str) -> str:
-    return "`" + s.replace("`", "'") + "`"
+def _code(s: str, limit: int = 300) -> str:
+    """A code span of untrusted text: one line (a newline would end the span and let the rest render as
+    Markdown or HTML), no backticks, bounded."""
+    s = " ".join(s.split()).replace("`", "'")
+    return "`" + (s if len(s) <= limit else s[: limit - 1] + "…") + "`"
+
+
+# A link target that can neither close the link nor carry markup: a plain http(s) URL.
+_URL = re.compile(r"https?://[A-Za-z0-9._~:/?#@!$&'*+,;=%-]{1,500}")
+MD_LIMIT = 1_000_000  # bytes: GitHub's step summary takes 1 MiB
+
+
+def bounded(text: str, limit: int = MD_LIMIT) -> str:
+    """The Markdown cut at a line boundary to fit `limit` bytes, saying where the rest is."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    note = "\n\n> ✂️ **matrix.md truncated to fit the step summary: the whole report is index.html and summary.json**\n"
+    cut = data[: limit - len(note.encode("utf-8"))].decode("utf-8", "ignore")
+    return cut[: cut.rfind("\n") + 1] + note
 
 
 def cell_text(cases: list[CaseResult]) -> str:
@@ -123,13 +141,13 @@ def render(report: NightReport, g: Grid) -> str:
             p.get("vllm_version", ""), p.get("torch_version", ""))) + f" | {inp.cases} |")
     if len(report.inputs) > LIST_LIMIT:
         runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
-    return "\n".join(head + table + body + runs) + "\n"
+    return bounded("\n".join(head + table + body + runs) + "\n")
 
 
 def _waiver_line(c: CaseResult) -> str:
     p = c.props
     link = p.get("waiver_link", "")
-    shown = f"[{_text(link)}]({link})" if re.match(r"https?://\S+\Z", link) else _text(link)
+    shown = f"[{_text(link)}]({link})" if _URL.fullmatch(link) else _text(link)
     expired = p.get("waiver_expired") == "true" or c.message.startswith("waiver expired")
     state = "**expired**, counted as failed" if expired else c.outcome
     return (f"{_code(c.key)} {state}: {_text(p['waiver_reason'])} ({shown}; expires "

@@ -133,7 +133,11 @@ def parse(doc: Doc, node: yaml.Node, modes: list[str]) -> E2E:
     if r["reference_mode"] not in modes:
         raise doc.error(r["@reference_mode"], f"e2e.reference_mode: no mode {r['reference_mode']!r}"
                                               f"{closest(r['reference_mode'], modes)}")
-    prompts = tuple(line for line in r["prompts"].read_text(encoding="utf-8").splitlines() if line.strip())
+    try:
+        text = r["prompts"].read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} is not UTF-8 (byte {e.start})") from None
+    prompts = tuple(line for line in text.splitlines() if line.strip())
     if not prompts:
         raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} holds no prompt")
     return E2E(prompts, r["prompts"], r["references"], r["max_tokens"], r["logprobs"], r["timeout_s"],

@@ -11,7 +11,15 @@ import yaml
 
 from quantmatrix.schema import e2e, synthetic
 from quantmatrix.schema.model import PerArch, Selector, Source
-from quantmatrix.schema.vocab import ACTIVATION_SCALES, AUDIT_FAILURES, LINT_CODES, RESOLUTIONS, SELECTOR_KEYS
+from quantmatrix.schema.vocab import (
+    ACTIVATION_SCALES,
+    AUDIT_FAILURES,
+    LINT_CODES,
+    RESOLUTIONS,
+    SELECTOR_KEYS,
+    bad_hub_repo,
+    bad_hub_revision,
+)
 from quantmatrix.schema.yamldoc import Doc, Field, as_text, list_of, matching, one_of, show
 
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
@@ -40,7 +48,7 @@ def capability(doc: Doc, node: yaml.Node, what: str) -> tuple[int, int]:
             raise doc.error(node, f"{what}: write the capability as a string ('12.1') or a list ([12, 1]); "
                                   f"a bare {value!r} is a float and loses '12.10' vs '12.1'")
         parts = str(value).split(".") if isinstance(value, str) else []
-        if not all(p.isdigit() for p in parts):
+        if not all(re.fullmatch(r"[0-9]{1,3}", p) for p in parts):  # ASCII digits: "1.²" isdigit()s
             raise doc.error(node, f"{what}: expected 'MAJOR.MINOR' or [MAJOR, MINOR], got {show(value)}")
         parts = [int(p) for p in parts]
     if len(parts) != 2:
@@ -111,6 +119,9 @@ def source(doc: Doc, node: yaml.Node, what: str) -> Source:
         value = (doc.path.parent / value).resolve()
     elif kind == "hub":
         value = (value, rec["revision"] or "main")
+        for bad, at in ((bad_hub_repo(value[0]), "@hub"), (bad_hub_revision(value[1]), "@revision")):
+            if bad:
+                raise doc.error(rec[at], f"{what}: {bad}")
     return Source(kind, value, doc.where(rec[f"@{kind}"]))
 
 

@@ -71,9 +71,14 @@ def load(path: str | Path) -> Matrix:
     """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        text = data.decode("utf-8")
     except OSError as e:
         raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise MatrixError(f"{path}:{line}:{column}: not UTF-8 (byte 0x{data[e.start]:02x})") from None
     doc = Doc(path)
     try:
         root = yaml.compose(text, Loader=_LOADER)
@@ -81,8 +86,15 @@ def load(path: str | Path) -> Matrix:
         mark = e.problem_mark or e.context_mark
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise MatrixError(f"{loc}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.reader.ReaderError as e:  # a NUL or other unprintable character: where, from its offset
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        code = e.character if isinstance(e.character, int) else ord(e.character[:1] or "?")
+        raise MatrixError(f"{path}:{line}:{column}: not valid YAML: unprintable character #x{code:02x}") from None
     except yaml.YAMLError as e:
-        raise MatrixError(f"{path}: not valid YAML: {e}") from None
+        raise MatrixError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise MatrixError(f"{path}: not valid YAML: nested too deep") from None
     if root is None:
         raise MatrixError(f"{path}:1:1: the matrix file is empty")
     return _build(doc, doc.record(root, "matrix", _TOP))

@@ -3,6 +3,8 @@ or finding. The parts that act on them (lint, audit, adapter) import them from h
 
 from __future__ import annotations
 
+import re
+
 PRODUCERS = ("modelopt", "compressed-tensors", "none")
 TIERS = ("cpu", "gpu")
 VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
@@ -15,3 +17,20 @@ SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
 # Finding codes of the checkpoint lint (checkpoints.lint).
 LINT_CODES = ("config", "missing_tensor", "unexpected_tensor", "bad_dtype", "bad_shape", "bad_value", "unquantized",
               "quantized_but_ignored", "inconsistent")
+# A hub checkpoint's id and revision, checked before either touches a cache path or a printed command: `owner/name`
+# as the hub spells them, and a 40-hex commit or a plain branch/tag name (`refs/pr/N` too); nothing that can climb
+# out of the cache (`..`, a leading `/`) or start a second shell command.
+HUB_REPO = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
+HUB_REVISION = r"[0-9a-f]{40}|refs/pr/[0-9]{1,9}|[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
+
+
+def bad_hub_repo(repo: str) -> str | None:
+    """Why a hub id is refused, or None."""
+    ok = re.fullmatch(HUB_REPO, repo) and ".." not in repo
+    return None if ok else f"hub id {repo!r} is not owner/name (letters, digits, '-', '_', '.')"
+
+
+def bad_hub_revision(revision: str) -> str | None:
+    """Why a hub revision is refused, or None."""
+    ok = re.fullmatch(HUB_REVISION, revision) and ".." not in revision
+    return None if ok else f"revision {revision!r} is neither a 40-hex commit nor a plain branch or tag name"

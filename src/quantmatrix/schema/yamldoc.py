@@ -16,6 +16,7 @@ import yaml
 from quantmatrix.errors import MatrixError
 
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def closest(word: str, options: Iterable[str]) -> str:
@@ -41,9 +42,17 @@ class Doc:
         if not isinstance(node, yaml.ScalarNode):
             raise self.error(node, f"{what}: expected a single value, got {kind(node)}")
         try:
-            return self._constructor.construct_object(node, deep=True)
+            value = self._constructor.construct_object(node, deep=True)
         except yaml.constructor.ConstructorError as e:
             raise self.error(node, f"{what}: {e.problem}") from None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
+            # a tag or implicit type YAML resolves and then cannot build: `!!int x`, `2027-02-30`, 5,000 digits
+            tag = node.tag.rsplit(":", 1)[-1]
+            raise self.error(node, f"{what}: {node.value[:60]!r} is not a valid {tag} ({str(e)[:120]})") from None
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise self.error(node, f"{what}: the text holds a lone surrogate escape, which no file or terminal "
+                                   "can show")
+        return value
 
     def typed(self, node: yaml.Node, what: str, types: tuple[type, ...], expected: str) -> Any:
         value = self.scalar(node, what)
@@ -129,7 +138,8 @@ def one_of(options: Iterable[str]) -> Callable[[Doc, yaml.Node, str], str]:
 
     def convert(doc: Doc, node: yaml.Node, what: str) -> str:
         value = doc.scalar(node, what)
-        if value not in opts:
+        # by type too: `True == 1` and `1.0 == 1` in Python, and neither is the schema version 1
+        if not any(type(value) is type(o) and value == o for o in opts):
             hint = closest(value, opts) if isinstance(value, str) else ""
             raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
         return value
