@@ -67,7 +67,8 @@ def page(browser, junit_suite: SuiteRunner, tmp_path: Path):
     (tmp_path / "runs").mkdir()
     shutil.copy(junit_suite.last, tmp_path / "runs" / "sm121.xml")
     (tmp_path / "runs" / "sm100.xml").write_text("<testsuites><testsuite")
-    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--night", "2026-12-02"]) == 1
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--night", "2026-12-02",
+                 "--allow-bad-inputs"]) == 1
     page = browser.new_page()
     page.requests, page.errors = [], []
     page.on("request", lambda r: page.requests.append(r.url))

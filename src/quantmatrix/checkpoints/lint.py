@@ -288,12 +288,12 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
     return out
 
 
-def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]) -> list[Finding]:
+def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any], path: Path) -> list[Finding]:
     """Every expert of every MoE layer has the same projections as its siblings, and as many experts as
     config.json says."""
     n = config.get("num_experts") or config.get("num_local_experts") or 0
     if type(n) is not int or not 0 <= n <= MAX_EXPERTS:
-        raise LintError(f"config.json: num_experts {str(n)[:40]!r} is not an integer from 0 to {MAX_EXPERTS}")
+        raise LintError(f"{path}/config.json: num_experts {str(n)[:40]} is not an integer from 0 to {MAX_EXPERTS}")
     layers: dict[str, dict[int, set[str]]] = {}
     for module in modules:
         head, sep, tail = module.partition(".experts.")
@@ -367,7 +367,7 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
             if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS):
                 findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
                                         "scales, but the config quantizes every Linear it does not ignore"))
-    findings += _check_experts(modules, config)
+    findings += _check_experts(modules, config, path)
     if d.scheme != "unquantized":
         findings += _check_fused(modules, d)
     return LintReport(path, d, len(tensors), nfiles, nvfp4, findings)

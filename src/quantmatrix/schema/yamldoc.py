@@ -140,7 +140,7 @@ def one_of(options: Iterable[str]) -> Callable[[Doc, yaml.Node, str], str]:
         value = doc.scalar(node, what)
         # by type too: `True == 1` and `1.0 == 1` in Python, and neither is the schema version 1
         if not any(type(value) is type(o) and value == o for o in opts):
-            hint = closest(value, opts) if isinstance(value, str) else ""
+            hint = closest(value, [str(o) for o in opts]) if isinstance(value, str) else ""
             raise doc.error(node, f"{what}: expected one of {', '.join(map(str, opts))}; got {value!r}{hint}")
         return value
     return convert
