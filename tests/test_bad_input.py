@@ -266,3 +266,12 @@ def test_resolving_a_hub_revision_never_leaves_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(store.CheckpointUnavailable, match="revision '../../etc' is neither"):
         store.resolve_hub("org/name", "../../etc")
+
+
+def test_a_suite_property_without_a_value_reads_as_empty(tmp_path, capsys):
+    """Found by the fuzzer: <property name="vllm_version"/> (no value) crashed the diff's version handling."""
+    f = tmp_path / "j.xml"
+    f.write_text('<testsuites><testsuite name="s"><properties><property name="vllm_version"/></properties>'
+                 '<testcase classname="c" name="t"/></testsuite></testsuites>')
+    rc, err = _run(capsys, "report", str(f), "--out", str(tmp_path / "out"))
+    assert rc == 0, err

@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from quantmatrix import cli
-from quantmatrix.checkpoints import lint
 from quantmatrix.errors import MatrixError, ReportError
 from quantmatrix.report.build import build, summary_json
 from quantmatrix.report.diff import load_previous
@@ -211,21 +210,22 @@ def _corrupt(d: Path, ops: list[str], rnd: random.Random) -> None:
 @fuzz(400)
 @given(case=corrupted_checkpoint())
 def test_a_corrupted_checkpoint_lints_or_is_refused_naming_the_file(tmp_path_factory, case):
-    """lint() returns a report or raises LintError naming a file of the checkpoint: no traceback, no hang
-    (backtracking regexes, huge headers), no memory blow-up (a million experts)."""
+    """`quantmatrix lint` exits 0 (clean), 1 (findings) or 2 with a message naming the checkpoint: no traceback,
+    no hang (backtracking regexes, huge headers), no memory blow-up (a million experts)."""
     ops, rnd = case
     d = tmp_path_factory.mktemp("ck")
     _checkpoint(d)
     _corrupt(d, ops, rnd)
-    with bounded("checkpoint"):
-        try:
-            report = lint.lint(d, block_scales=True)
-        except lint.LintError as e:
-            assert str(d) in str(e), e
-            event("refused: " + str(e).replace(str(d), "").split(":")[1].strip()[:30])
-        else:
-            event("linted")
-            assert len(report.findings) < 200
+    with bounded("checkpoint"), contextlib.redirect_stdout(io.StringIO()) as out, \
+            contextlib.redirect_stderr(io.StringIO()) as err:
+        rc = cli.main(["lint", str(d), "--block-scales"])
+    assert rc in (0, 1, 2), err.getvalue()
+    if rc == 2:
+        assert f"quantmatrix lint: error: {d}" in err.getvalue(), err.getvalue()
+        event("refused: " + err.getvalue().replace(str(d), "").split(":")[3].strip()[:30])
+    else:
+        event("linted")
+        assert len(out.getvalue().splitlines()) < 200
 
 
 # ------------------------------------------------------------------------------------ JUnit and summaries
@@ -280,15 +280,18 @@ def _strict(text: str) -> object:
 @fuzz(300)
 @given(data=mutated_junit())
 def test_a_mutated_junit_file_merges_or_is_named_bad_and_the_summary_stays_strict_json(tmp_path_factory, data):
-    """build() never raises on a file's content (a bad file is a named bad input), and summary.json is strict
-    JSON (no NaN), whatever the file held."""
+    """`quantmatrix report` exits 0 or 1 on a file it could read and 2 naming one it could not, never 3; every
+    summary.json it writes is strict JSON (no NaN), whatever the file held."""
     d = tmp_path_factory.mktemp("junit")
     (d / "j.xml").write_bytes(data)
-    with bounded("junit"):
-        report = build([str(d / "j.xml")], None, night="n", date=datetime.date(2026, 12, 2))
-        _strict(summary_json(report))
-    event("bad input" if report.bad_inputs else "merged")
-    assert len(report.inputs) + len(report.bad_inputs) == 1
+    with bounded("junit"), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()) as err:
+        rc = cli.main(["report", str(d / "j.xml"), "--out", str(d / "out"), "--jobs", "1"])
+    assert rc in (0, 1, 2), err.getvalue()
+    summary = _strict((d / "out" / "summary.json").read_text())
+    bad = summary["bad_inputs"]
+    assert (rc == 2) == bool(bad) and (not bad or f"bad input {d / 'j.xml'}" in err.getvalue())
+    event("bad input" if bad else "merged")
 
 
 @st.composite
@@ -322,9 +325,11 @@ def _summary(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Conf
     SUMMARY = summary_json(build([str(d / "j.xml")], None, night="n0", date=datetime.date(2026, 12, 1)))
     yield
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and SLOWEST:
-        reporter.write_line("fuzz: slowest input per kind: " +
-                            ", ".join(f"{k} {v:.2f} s" for k, v in sorted(SLOWEST.items())))
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and SLOWEST:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\nfuzz: slowest input per kind: " +
+                                ", ".join(f"{k} {v:.2f} s" for k, v in sorted(SLOWEST.items())))
 
 
 @fuzz(100)

@@ -150,7 +150,8 @@ def _cases(out: FileRead, xml: Any, today: datetime.date | None) -> None:
     rows: list[Row] = []  # their `entry` is made last: it holds only the properties not all cases share
     intern = sys.intern  # property names recur in every case: one object each, pickled once, kept once
     for suite in xml:
-        out.properties.update((p.name, p.value) for p in suite.properties())
+        # a <property> without a name or value (a hand-edited file) reads as "", never None
+        out.properties.update((p.name or "", p.value or "") for p in suite.properties())
         stamp = suite.timestamp or ""
         for elem in _testcases(suite._elem):
             # junitparser 5 has no per-case properties API, and wrapping each <testcase> and <property>
