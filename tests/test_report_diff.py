@@ -24,6 +24,7 @@ class Nights:
     def __init__(self, suite: SuiteRunner, tmp: Path, history: int = 7) -> None:
         self.suite, self.tmp, self.history = suite, tmp, history
         self.previous: Path | None = None
+        self.provisioned: str | None = None
         self.n = 0
 
     def run(self, *runs: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
@@ -36,6 +37,7 @@ class Nights:
         out = self.tmp / f"out{self.n}"
         argv = ["report", *files, "--out", str(out), "--night", f"n{self.n}", "--date", f"2026-12-{self.n:02d}",
                 "--history", str(self.history)]
+        argv += ["--provisioned", self.provisioned] if self.provisioned is not None else []
         code = main(argv + (["--previous", str(self.previous)] if self.previous else []))
         self.previous = out / "summary.json"
         return code, json.loads(self.previous.read_text()), (out / "matrix.md").read_text()
@@ -63,12 +65,13 @@ def test_new_failure_fails_the_job_and_names_the_bisect_range(nights: Nights) ->
     assert "## New failures (1)" in md
 
 
-def test_still_failing_and_fixed_keep_the_job_green(nights: Nights) -> None:
-    """A failure already red last night is `still failing` (exit 0); when it passes again it is `fixed`."""
+def test_red_stays_red_until_fixed(nights: Nights) -> None:
+    """A case red two nights in a row fails both nights: new the first (exit 1), `still failing` the second
+    (exit 1 again, listed apart from new failures); when it passes again it is `fixed` and the night is green."""
     assert nights.run({"cells": [A], "outcomes": fail(A)})[0] == 1  # first night: every failure is new
     code, s, md = nights.run({"cells": [A], "outcomes": fail(A)})
-    assert code == 0 and s["diff"]["still_failing"] == [KEY_A] and s["diff"]["new_failures"] == []
-    assert "## Still failing (1)" in md
+    assert code == 1 and s["diff"]["still_failing"] == [KEY_A] and s["diff"]["new_failures"] == []
+    assert "## Still failing (1)" in md and "0 new failures, 1 still failing" in md
     code, s, md = nights.run({"cells": [A]})
     assert code == 0 and s["diff"]["fixed"] == [KEY_A]
 
@@ -85,8 +88,9 @@ def test_newly_skipped_is_lost_coverage(nights: Nights) -> None:
 
 
 def test_an_arch_that_stops_reporting_is_lost_then_still_lost_then_back(nights: Nights) -> None:
-    """When the sm121 runner's file is gone its cases are carried as `missing` (exit 1 the first night,
-    still shown red after), the arch is named, and when it is back its history shows the gap."""
+    """When the sm121 runner's file is gone its cases are carried as `missing` (exit 1 the first night and
+    every night after: an arch offline two nights stays red), the arch is named, and when it is back its history
+    shows the gap."""
     sm120 = {"cells": [B], "runner": "rtx-pro-6000"}
     sm121 = {"cells": [A], "runner": "gb10", "vllm": "0.11.1"}
     assert nights.run(sm120, sm121)[0] == 0
@@ -97,7 +101,7 @@ def test_an_arch_that_stops_reporting_is_lost_then_still_lost_then_back(nights: 
     assert s["cases"][KEY_A]["properties"]["runner"] == "gb10"
     assert "no results at all from: sm121" in md
     code, s, md = nights.run(sm120)
-    assert code == 0 and s["diff"]["still_missing"] == [KEY_A]
+    assert code == 1 and s["diff"]["still_missing"] == [KEY_A]
     assert "| 🕳️ 1 missing |" in md
     code, s, _ = nights.run(sm120, sm121)
     assert code == 0 and s["cases"][KEY_A]["outcome"] == "passed"
@@ -204,3 +208,18 @@ def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Pa
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_only_a_provisioned_arch_without_results_is_lost_coverage(nights: Nights) -> None:
+    """With --provisioned "sm120 sm121": an sm121 whose runner sent nothing is lost (named, exit 1), also on
+    the very first night; an arch nobody provisioned (sm100) is not lost, and its carried cases are
+    `unprovisioned`, not missing."""
+    nights.provisioned = "sm120 sm121"
+    code, s, md = nights.run({"cells": [B], "runner": "rtx-pro-6000"})
+    assert code == 1 and s["diff"]["archs_lost"] == ["sm121"]
+    assert "no results at all from: sm121" in md
+    nights.provisioned = "sm120"
+    nights.run({"cells": [A, B]})
+    code, s, _ = nights.run({"cells": [B]})
+    assert code == 0 and s["diff"]["archs_lost"] == [] and s["diff"]["unprovisioned"] == [KEY_A]
+    assert s["diff"]["newly_missing"] == []

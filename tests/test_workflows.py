@@ -114,7 +114,9 @@ def test_the_merge_job_runs_unless_cancelled_reports_and_fails_on_what_the_repor
     assert "GITHUB_STEP_SUMMARY" in _step(job, "Page to the step summary")["run"]
     upload = _step(job, "Upload the report")
     assert upload["if"] == "always()" and upload["with"]["path"] == "nightly/report/"
-    assert _step(job, "Fail on")["if"] == "steps.report.outputs.rc != '0'"
+    assert _step(job, "Fail while anything is red")["if"] == "steps.report.outputs.rc != '0'"
+    assert '--provisioned "$QM_PROVISIONED_ARCHS"' in run
+    assert 'select(.conclusion != "cancelled")' in _step(job, "Download the previous")["run"]
 
 
 def test_ci_runs_the_one_ci_script_cancels_superseded_runs_and_uploads():

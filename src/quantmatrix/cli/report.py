@@ -1,9 +1,10 @@
 """`quantmatrix report`: merge the runners' JUnit files into summary.json, matrix.md and index.html.
 
-Exit status: 0 nothing new broke and nothing stopped being tested, 1 something did (the nightly job's
-verdict), 2 the command or its input was wrong (raised as ReportError, printed by quantmatrix.cli.main), or an
-input file could not be read (the outputs are still written from the rest, and each bad file is named on stderr;
-`--allow-bad-inputs` makes that a partial night instead, judged on what was read).
+Exit status: 0 nothing is red; 1 something is (the nightly job's verdict): a failing case without a live waiver,
+new or still failing, a case that stopped being tested or is still untested, a provisioned arch with no results
+(red stays red until fixed or waived); 2 the command or its input was wrong (raised as ReportError, printed by
+quantmatrix.cli.main), or an input file could not be read (the outputs are still written from the rest, each bad
+file named on stderr; `--allow-bad-inputs` makes that a partial night instead, judged on what was read).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def register(sub: Any) -> None:
     p.add_argument("--history", type=int, default=7, metavar="N", help="nights of history kept (default 7)")
     p.add_argument("--date", help="date of this run, YYYY-MM-DD (default: today)")
     p.add_argument("--night", help="label of this run (default: the date)")
+    p.add_argument("--provisioned", metavar="ARCHS", help="the archs that have a runner, comma- or space-separated "
+                   "(the nightly passes the repository variable QM_PROVISIONED_ARCHS): a provisioned arch with no "
+                   "results is lost coverage, a missing case of any other arch is not (default: every arch counts)")
     p.add_argument("--allow-bad-inputs", action="store_true",
                    help="a JUnit file that cannot be read does not fail the command (a partial night)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel parsers (default: CPUs)")
@@ -61,8 +65,9 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ReportError(f"--date: expected YYYY-MM-DD, got {args.date!r}") from None
     files, bad = find_inputs(args.inputs)
+    provisioned = frozenset(args.provisioned.replace(",", " ").split()) if args.provisioned is not None else None
     report = build(files, args.previous, night=args.night or date.isoformat(), date=date, history=args.history,
-                   jobs=max(1, args.jobs), bad=bad)
+                   jobs=max(1, args.jobs), bad=bad, provisioned=provisioned)
     paths = write(report, args.out, max(1, args.jobs))
     d = report.diff
     untested = len(d["newly_skipped"]) + len(d["newly_missing"])

@@ -10,5 +10,5 @@ Data flows one way, one module per step:
     write      summary.json (build.summary_json), matrix.md (render_md), index.html (render_html)
 
 `model` holds the types they share and imports nothing of the package; `quantmatrix report` (cli/report.py)
-runs the whole path. Exit code: 0 nothing new broke or stopped being tested, 1 something did.
+runs the whole path. Exit code: 0 nothing is red (failing, still failing, untested or lost), 1 something is.
 """

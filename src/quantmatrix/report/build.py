@@ -94,14 +94,15 @@ def _rerun(key: str, entries: list[tuple[int, Row]], inputs: list[Input]) -> Cas
 
 
 def build(paths: list[str], previous: str | Path | None, *, night: str, date: datetime.date, history: int = 7,
-          jobs: int = 1, bad: list[dict[str, str]] | None = None) -> NightReport:
+          jobs: int = 1, bad: list[dict[str, str]] | None = None,
+          provisioned: frozenset[str] | None = None) -> NightReport:
     """Merge `paths`, diff against the `previous` summary.json and compare archs; nothing written yet."""
     with reading(paths, date, jobs) as reads:
         prev = load_previous(previous) if previous is not None else None  # while the workers parse
         if prev is not None and prev.night == night:
             raise ReportError(f"the previous summary is for night {night!r} too; pass last night's "
                               "summary.json or name this run with --night")
-        differ = Differ(prev, history)
+        differ = Differ(prev, history, provisioned)
         merged = _fold(reads, differ)
     diff = differ.finish(merged.cases, merged.inputs)
     cases = {k: merged.cases[k] for k in sorted(merged.cases)}  # every output lists cases in this order

@@ -100,8 +100,11 @@ class Differ:
     """Tags cases against last night one at a time (as they are merged), then carries what vanished as
     `missing` (a coverage loss) and lists every tag."""
 
-    def __init__(self, prev: Previous | None, history: int) -> None:
+    def __init__(self, prev: Previous | None, history: int, provisioned: frozenset[str] | None = None) -> None:
         self.prev, self.keep = prev, history
+        # the archs that have a runner (None: every arch counts); a missing case of any other arch is no lost
+        # coverage, only a cell nobody is set up to run
+        self.provisioned = provisioned
         self.pcases = prev.cases if prev else {}
         self.nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
         self.bisect: dict[str, dict[str, Any]] = {}
@@ -147,7 +150,10 @@ class Differ:
         elif now == "skipped" and before in RAN:
             c.tag("newly_skipped")
         elif now == "missing":
-            c.tag("still_missing" if before == "missing" else "newly_missing")
+            if self.provisioned is not None and c.arch not in self.provisioned:
+                c.tag("unprovisioned")
+            else:
+                c.tag("still_missing" if before == "missing" else "newly_missing")
         if c.history and _alternates(now, c.history):
             c.tag("flaky")
         c.seal()
@@ -166,7 +172,7 @@ class Differ:
                                             summary_entry(key, "missing", props, 0.0, message, ""), message)
                 self.case(c)
         d: dict[str, Any] = {k: [] for k in ("new_failures", "still_failing", "fixed", "newly_skipped",
-                                             "newly_missing", "still_missing", "flaky")}
+                                             "newly_missing", "still_missing", "unprovisioned", "flaky")}
         for key, c in cases.items():
             for tag in c.tags:
                 d["new_failures" if tag == "new_failure" else tag].append(key)
@@ -174,7 +180,9 @@ class Differ:
             v.sort()
         d["bisect"] = dict(sorted(self.bisect.items()))
         have = {arch for i in inputs for arch in i.archs}
-        d["archs_lost"] = sorted({c.arch for k in d["newly_missing"] + d["still_missing"]
-                                  if (c := cases[k]).arch not in have}, key=natural)
+        lost = {c.arch for k in d["newly_missing"] + d["still_missing"] if (c := cases[k]).arch not in have}
+        # a provisioned arch with no result at all is lost even on a first night (nothing carried to miss)
+        lost |= (self.provisioned or set()) - have
+        d["archs_lost"] = sorted(lost, key=natural)
         d["nights"] = self.nights
         return d

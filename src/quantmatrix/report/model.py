@@ -155,9 +155,13 @@ class NightReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when something broke or stopped being tested since last night."""
+        """1 while anything is red: a failing or erroring case (new or still; a live waiver makes it `waived`),
+        a case that stopped being tested or is still untested, a provisioned arch with no results. Red stays red
+        until it is fixed or waived, never just because it was already red last night."""
         d = self.diff
-        return 1 if d["new_failures"] or d["newly_skipped"] or d["newly_missing"] else 0
+        red = any(c.outcome in RED for c in self.cases.values())
+        lost = d["newly_skipped"] or d["newly_missing"] or d["still_missing"] or d["archs_lost"]
+        return 1 if red or lost else 0
 
 
 @dataclasses.dataclass

@@ -103,10 +103,11 @@ def render(report: NightReport, g: Grid) -> str:
                 " · ".join(f"{n} {o}" for o, n in totals.items() if n))
     head.append("")
     if report.exit_code:
-        head.append(f"> **❌ {len(d['new_failures'])} new failures, "
-                    f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested**")
+        head.append(f"> **❌ {len(d['new_failures'])} new failures, {len(d['still_failing'])} still failing, "
+                    f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested, "
+                    f"{len(d['still_missing'])} still untested**")
     else:
-        head.append("> ✅ nothing new broke and nothing stopped being tested")
+        head.append("> ✅ nothing is failing and nothing stopped being tested")
     head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken()]
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")

@@ -164,8 +164,9 @@ document.getElementById("sub").textContent =
 const banner = document.getElementById("banner");
 banner.className = D.exit ? "bad" : "good";
 const lostArchs = D.archs_lost.length ? "; no results at all from " + D.archs_lost.join(", ") : "";
-banner.textContent = D.exit ? D.lists["New failures"].length + " new failures; coverage lost: " +
-  D.lists["Coverage lost"].length + lostArchs : "nothing new broke and nothing stopped being tested";
+banner.textContent = D.exit ? D.lists["New failures"].length + " new failures, " +
+  D.lists["Still failing"].length + " still failing; coverage lost: " + D.lists["Coverage lost"].length +
+  lostArchs : "nothing is failing and nothing stopped being tested";
 const broken = document.getElementById("vllm-broken");
 for (const line of D.vllm_broken) broken.append(el("p", {class: "bad"}, line));
 fillSelect("f-arch", "arch", archs);
