@@ -59,8 +59,8 @@ def _workdir(module: str, tests: list[str]) -> Path:
         "[mutmut]\nsource_paths=src\n"
         f"only_mutate={module}\n"
         "also_copy=\n    matrices\n    references\n    suites\n    conftest.py\n"
-        f"pytest_add_cli_args_test_selection={' '.join(tests)}\n"
-        "pytest_add_cli_args=-p no:cacheprovider -q\n")
+        "pytest_add_cli_args_test_selection=\n" + "".join(f"    {t}\n" for t in tests) +
+        "pytest_add_cli_args=\n    -p\n    no:cacheprovider\n    -q\n")  # one argument per line: mutmut splits lines
     return work
 
 

@@ -67,4 +67,27 @@ def test_hub_checkpoint_is_found_in_a_fake_local_cache(tmp_path, monkeypatch):
     (base / "refs" / "main").write_text(commit)
     (base / "snapshots" / commit).mkdir(parents=True)
     (base / "snapshots" / commit / "config.json").write_text("{}")
+    (base / "snapshots" / commit / "model.safetensors").write_bytes(b"")
     assert store.resolve_hub("example-org/tiny-moe-nvfp4", "main") == base / "snapshots" / commit
+
+
+def test_a_snapshot_missing_shards_is_not_cached_and_says_how_to_resume(tmp_path, monkeypatch):
+    """An interrupted download leaves config.json and some shards: the snapshot is not counted as cached (no
+    test silently reads half a model), and the message names a missing shard and the command that resumes it.
+    A snapshot with config.json and no weight file at all is incomplete too."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    snap = tmp_path / "hub" / "models--example-org--tiny-moe-nvfp4" / "snapshots" / ("b" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    with pytest.raises(CheckpointUnavailable, match="1 weight file.s. missing, e.g. model.safetensors"):
+        store.resolve_hub("example-org/tiny-moe-nvfp4", "b" * 40)
+    shards = {f"w{i}": f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)}
+    (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    (snap / "model-00001-of-00003.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointUnavailable, match=r"2 weight file\(s\) missing, e.g. model-00002-of-00003"
+                                                    r".*hf download example-org/tiny-moe-nvfp4 --revision b{40} "
+                                                    "again to resume"):
+        store.resolve_hub("example-org/tiny-moe-nvfp4", "b" * 40)
+    for name in shards.values():
+        (snap / name).write_bytes(b"")
+    assert store.resolve_hub("example-org/tiny-moe-nvfp4", "b" * 40) == snap

@@ -61,7 +61,7 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
     assert rc == 0
     xml = junitparser.JUnitXml.fromfile(str(tmp_path / "r" / "junit.xml"))
     cases = [c for s in xml for c in s]
-    assert len(cases) == 3  # the three modes
+    assert len(cases) == 1  # once per checkpoint and arch: a mode does not change config resolution
     props = {p.name: p.value for block in cases[0].iterchildren(junitparser.Properties) for p in block}
     assert props["resolved_scheme"] == "weight_only" and props["vllm_version"] != "not installed"
     suite = next(iter(xml))

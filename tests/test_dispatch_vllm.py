@@ -66,7 +66,7 @@ def test_reverted_fix_routes_weight_only_to_w4a4_with_a_message_about_input_scal
 
 def _dispatch_run(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
     return pytester.runpytest(str(ROOT / "suites" / "test_dispatch.py"), f"--rootdir={ROOT}",
-                              "-p", "no:cacheprovider", "-m", "dispatch and sm121 and nocache", *extra)
+                              "-p", "no:cacheprovider", "-m", "dispatch and sm121 and default", *extra)
 
 
 def test_dispatch_suite_passes_on_installed_vllm(pytester):

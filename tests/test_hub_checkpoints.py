@@ -38,12 +38,14 @@ def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path) 
 
 
 def _cache(tmp_path) -> None:
-    """example/moe-nvfp4@main as huggingface_hub leaves it: refs/main -> snapshots/<commit>/config.json."""
+    """example/moe-nvfp4@main as huggingface_hub leaves it: refs/main -> snapshots/<commit>/{config.json,
+    model.safetensors} (a complete snapshot)."""
     base = tmp_path / "hub" / "models--example--moe-nvfp4"
     (base / "refs").mkdir(parents=True)
     (base / "refs" / "main").write_text(COMMIT)
     (base / "snapshots" / COMMIT).mkdir(parents=True)
     (base / "snapshots" / COMMIT / "config.json").write_text("{}")
+    (base / "snapshots" / COMMIT / "model.safetensors").write_bytes(b"")
 
 
 def test_absent_hub_checkpoint_skips_with_the_download_line(suite):

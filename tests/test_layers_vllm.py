@@ -43,7 +43,7 @@ def _checkpoint(checkpoint_id: str):
 
 def _layer_run(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
     return pytester.runpytest(str(ROOT / "suites" / "test_layers.py"), f"--rootdir={ROOT}", "-p", "no:cacheprovider",
-                              "-m", "sm121 and nocache", "-k", "layer_dispatch or post_load_audit", *extra)
+                              "-m", "sm121 and default", "-k", "layer_dispatch or post_load_audit", *extra)
 
 
 def test_layer_checks_pass_on_installed_vllm(pytester):

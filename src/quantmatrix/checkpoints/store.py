@@ -3,6 +3,7 @@ and hub ids resolved from the local Hugging Face cache only (this suite never do
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -119,6 +120,19 @@ def download_command(repo: str, revision: str) -> str:
     return shlex.join(["hf", "download", repo, "--revision", revision])
 
 
+def missing_shards(snap: Path) -> list[str]:
+    """The weight files a snapshot's index names that are not there (all of them, when it has neither an index
+    nor a single *.safetensors file): a snapshot counts as cached only when it is complete."""
+    index = snap / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return [index.name + " (unreadable)"]
+        return [s for s in shards if not (snap / s).is_file()]
+    return [] if any(snap.glob("*.safetensors")) else ["model.safetensors"]
+
+
 def resolve_hub(repo: str, revision: str) -> Path:
     """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
     bad = bad_hub_repo(repo) or bad_hub_revision(revision)
@@ -131,7 +145,13 @@ def resolve_hub(repo: str, revision: str) -> Path:
         commit = ref.read_text().strip()
     snap = base / "snapshots" / commit
     if re.fullmatch(r"[0-9a-f]{40}", commit) and (snap / "config.json").is_file():
-        return snap
+        missing = missing_shards(snap)
+        if not missing:
+            return snap
+        raise CheckpointUnavailable(
+            f"{repo}@{revision} is only partly in the local Hugging Face cache ({snap}): {len(missing)} weight "
+            f"file(s) missing, e.g. {missing[0]} (an interrupted download); on a host with hub access run "
+            f"{download_command(repo, revision)} again to resume it")
     raise CheckpointUnavailable(
         f"{repo}@{revision} is not in the local Hugging Face cache ({hub_cache()}); on a host with hub "
         f"access run: {download_command(repo, revision)}")
