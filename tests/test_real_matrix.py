@@ -34,7 +34,7 @@ DISPATCH_KEYS = ("quant_method", "resolves_to", "activation_scales", "audit", "m
 def test_real_matrix_copies_the_default_axes_exactly(real):
     """archs, modes, moe_backends and the schemes it uses are copies (no include mechanism): equal, or this fails."""
     default = load(DEFAULT)
-    assert real.archs == default.archs
+    assert real.archs == default.archs  # engine_args may differ (not part of an arch's identity)
     assert real.modes == default.modes
     assert real.moe_backends == default.moe_backends
     assert real.schemes
@@ -153,3 +153,42 @@ def test_runner_docs_list_every_real_checkpoint_with_its_size(real):
         assert c.source.value[0] in rows[c.id]
         assert (f"| {c.size_gb:g} GB |" if c.size_gb else "| unknown |") in rows[c.id]
         assert (f"| {c.min_gpu_memory_gb:g} GB" if c.min_gpu_memory_gb else "| unknown") in rows[c.id]
+
+
+def test_engine_args_layer_platform_arch_checkpoint_mode_and_gpus_set_tensor_parallel(real):
+    """What an engine start of a real cell gets: the platform's memory share, lowered on GB10 (its unified
+    memory), tensor_parallel_size from a multi-GPU checkpoint's `gpus`, and the mode's own arguments last."""
+    from quantmatrix.engine.runner import engine_args
+
+    glm = next(c for c in real.cells() if c.checkpoint.gpus > 1 and c.arch.name == "sm121" and c.mode.name == "eager")
+    args = engine_args(real.e2e, glm, "cuda")
+    assert args["gpu_memory_utilization"] == 0.6 and args["tensor_parallel_size"] == glm.checkpoint.gpus == 2
+    assert args["enforce_eager"] is True
+    one = next(c for c in real.cells() if c.checkpoint.gpus == 1 and c.arch.name == "sm120")
+    assert "tensor_parallel_size" not in engine_args(real.e2e, one, "cuda")
+    assert engine_args(real.e2e, one, "cuda")["gpu_memory_utilization"] == 0.85
+
+
+GPUS_MATRIX = """\
+version: 1
+archs: [{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}]
+modes: [{name: default, label: d}]
+schemes: [{name: bf16, marker: bf16, label: bf16}]
+checks:
+  - {name: serves, kind: e2e, tier: gpu, vllm: [engine], description: an engine start}
+  - {name: reads_config, kind: lint, tier: gpu, description: one GPU is enough}
+checkpoints:
+  - {id: big, source: {path: ck}, producer: none, scheme: bf16, gpus: 2}
+  - {id: small, source: {path: ck}, producer: none, scheme: bf16}
+"""
+
+
+def test_a_multi_gpu_checkpoint_skips_its_engine_checks_on_a_one_gpu_host_declared(pytester):
+    """On a runner that declares one GB10 (--arch), a checkpoint with `gpus: 2` skips its engine check, naming
+    both counts; its config-level check and the one-GPU checkpoint's engine check run."""
+    (pytester.path / "ck").mkdir()
+    pytester.makefile(".yaml", m=GPUS_MATRIX)
+    pytester.makepyfile("def test_serves(case):\n    pass\n\n\ndef test_reads_config(case):\n    pass\n")
+    result = pytester.runpytest("--matrix", "m.yaml", "--arch", "gb10", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*big needs 2 GPUs of sm121 (GB10); this host has 1"])

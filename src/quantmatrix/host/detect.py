@@ -45,6 +45,10 @@ class Host:
     def has(self, arch: Arch) -> bool:
         return any(d.capability == arch.capability for d in self.devices)
 
+    def count(self, arch: Arch) -> int:
+        """GPUs of exactly this arch (a multi-GPU checkpoint needs that many)."""
+        return sum(1 for d in self.devices if d.capability == arch.capability)
+
     def describe(self, matrix: Matrix) -> str:
         if not self.devices:
             return f"no CUDA device ({self.note})" if self.note else "no CUDA device"

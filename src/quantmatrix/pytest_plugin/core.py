@@ -136,6 +136,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if s.strict_hardware:
             pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
         pytest.skip(reason)
+    if "engine" in case.check.vllm and s.host is not None and s.host.has(c.arch) and \
+            s.host.count(c.arch) < c.checkpoint.gpus:  # an engine start; config and file checks need one GPU
+        pytest.skip(f"{c.checkpoint.id} needs {c.checkpoint.gpus} GPUs of {c.arch.describe()}; this host has "
+                    f"{s.host.count(c.arch)}")
     health.gate(item, case)
 
 

@@ -37,6 +37,7 @@ from quantmatrix.schema.yamldoc import (
     as_text,
     closest,
     env_vars,
+    int_at_least,
     list_of,
     one_of,
     positive,
@@ -116,6 +117,7 @@ def _archs(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Arch, ...]:
             "capability": Field(fields.capability, "compute capability, e.g. '12.0'"),
             "aliases": Field(list_of(fields.marker), "other names (marker aliases)", required=False, default=()),
             "label": Field(as_text, "human label, e.g. 'RTX PRO 6000'"),
+            "engine_args": Field(scalar_map, "engine arguments on this arch", required=False, default=dict),
         })
         for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
             _unique(doc, names, n, nd, "arch name or alias")
@@ -123,7 +125,7 @@ def _archs(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Arch, ...]:
             raise doc.error(node, f"arch {r['name']!r} has capability {r['capability']} already used by "
                                   f"{caps[r['capability']]!r}: capabilities map to exactly one arch")
         caps[r["capability"]] = r["name"]
-        archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"]))
+        archs.append(Arch(r["name"], r["capability"], r["aliases"], r["label"], r["engine_args"]))
     return tuple(archs)
 
 
@@ -203,6 +205,9 @@ _CHECKPOINT_FIELDS = {
     "size_gb": Field(positive, "download size in GB (10^9 bytes); absent: unknown", required=False),
     "min_gpu_memory_gb": Field(positive, "GPU memory, all of a runner's GPUs together, of the smallest setup "
                                "known to serve it; absent: unknown", required=False),
+    "gpus": Field(int_at_least(1), "GPUs an engine start needs (tensor_parallel_size unless engine_args says)",
+                  required=False, default=1),
+    "engine_args": Field(scalar_map, "engine arguments of this checkpoint", required=False, default=dict),
 }
 
 
@@ -227,7 +232,7 @@ def _checkpoint(doc: Doc, node: yaml.Node, i: int, schemes: Mapping[str, Scheme]
         if problem:
             raise doc.error(r["@source"], f"{what}.source.synthetic: {problem}")
     return Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]], r["expect"], r["label"],
-                      doc.where(node), r["size_gb"], r["min_gpu_memory_gb"])
+                      doc.where(node), r["size_gb"], r["min_gpu_memory_gb"], r["gpus"], r["engine_args"])
 
 
 def _checkpoints(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme]) -> tuple[Checkpoint, ...]:

@@ -33,6 +33,9 @@ class Arch:
     capability: tuple[int, int]
     aliases: tuple[str, ...]
     label: str
+    # engine arguments on this arch, over the platform's (GB10's unified memory wants less gpu_memory_utilization);
+    # not part of an arch's identity (archs are compared and hashed by what they are, not by how a matrix runs them)
+    engine_args: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     def describe(self) -> str:
         return f"{self.name} ({self.label})"
@@ -103,6 +106,8 @@ class Checkpoint:
     where: str
     size_gb: float | None = None  # hub/path checkpoints: download size, for runner disk planning and fetch
     min_gpu_memory_gb: float | None = None
+    gpus: int = 1  # GPUs of the cell's arch an engine start needs (tensor parallel); fewer here: skipped, with why
+    engine_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # this checkpoint's, over the arch's
 
     def expectation(self, key: str, arch: Arch | None = None, default: Any = _REQUIRED) -> Any:
         """The checkpoint's expectation, falling back to its scheme's; missing is a matrix error, not a pass
