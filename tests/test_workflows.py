@@ -63,7 +63,8 @@ def test_actionlint_knows_exactly_the_runner_labels_of_the_default_archs():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_default_arch_has_a_nightly_job_with_its_labels_and_marker(arch):
     """The nightly calls the per-arch job for `arch`; rendered, that job runs on [self-hosted, linux, gpu, arch]
-    and runs pytest with exactly `-m "<arch> and gpu" --strict-hardware --strict-checkpoints`, under a timeout,
+    and runs pytest with exactly `-m "<arch>" --strict-hardware --strict-checkpoints` (every case of the arch, the
+    cpu tier included, against the vLLM under test on the real GPU), under a timeout,
     into a JUnit artifact of its own."""
     caller = _workflow("nightly.yml")["jobs"][arch]
     assert caller["uses"] == "./.github/workflows/nightly-arch.yml"
@@ -73,8 +74,8 @@ def test_every_default_arch_has_a_nightly_job_with_its_labels_and_marker(arch):
     assert [_render(label, arch) for label in job["runs-on"]] == ["self-hosted", "linux", "gpu", arch]
     assert job["timeout-minutes"] > 0
     assert _render(job["env"]["ARCH"], arch) == arch
-    script = _step(job, "gpu-tier cases").get("run").replace("$ARCH", arch)
-    assert f'-m "{arch} and gpu" --strict-hardware --strict-checkpoints' in script
+    script = _step(job, "every case of each matrix").get("run").replace("$ARCH", arch)
+    assert f'-m "{arch}" --strict-hardware --strict-checkpoints' in script
     upload = _step(job, "Upload JUnit")
     assert _render(upload["with"]["name"], arch) == f"junit-{arch}" and upload["if"] == "always()"
 
@@ -155,11 +156,11 @@ def test_the_arch_step_leaves_failed_cases_to_the_report_and_fails_when_nothing_
     """pytest's 1 (cases failed) keeps the job green for the report to judge; 2 (usage) or 5 (nothing collected)
     fails it. Every matrix is still run, each with its own run id and the strict options."""
     (tmp_path / "setup.sh").write_text(f'echo "QM_VLLM=$QM_VLLM $*" >> calls\nexit {rc}\n')
-    script = _step(_workflow("nightly-arch.yml")["jobs"]["gpu"], "gpu-tier cases")["run"]
+    script = _step(_workflow("nightly-arch.yml")["jobs"]["gpu"], "every case of each matrix")["run"]
     proc = _bash(script, tmp_path, {"ARCH": "sm121", "QM_MATRIX": "matrices/default.yaml matrices/real.yaml"})
     assert proc.returncode == job_rc, proc.stdout + proc.stderr
     calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls == [f"QM_VLLM=keep --matrix matrices/{m}.yaml --run-id nightly-sm121-{m} -m sm121 and gpu "
+    assert calls == [f"QM_VLLM=keep --matrix matrices/{m}.yaml --run-id nightly-sm121-{m} -m sm121 "
                      "--strict-hardware --strict-checkpoints -rs" for m in ("default", "real")]
     assert ("::error::" in proc.stdout) == (job_rc != 0)
 
