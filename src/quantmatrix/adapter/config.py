@@ -11,13 +11,12 @@ from quantmatrix.errors import AdapterMismatch
 
 # What config resolution imports, for the vLLM health check (adapter.health): the entry points below and the quant
 # config modules that vLLM's get_quantization_config imports lazily (where a broken flashinfer first shows).
-MODULES = (
-    "vllm.config",
-    "vllm.model_executor.model_loader.weight_utils",
-    "vllm.model_executor.layers.quantization",
+QUANT_MODULES = (
     "vllm.model_executor.layers.quantization.modelopt",
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
 )
+MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
+           *QUANT_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
 METHODS = ("modelopt", "modelopt_fp4", "compressed-tensors")
 

@@ -157,7 +157,10 @@ def _death(returncode: int | None, within: float) -> str:
         return f"hung: no answer within {within:.0f} s"
     if returncode < 0:
         sig = -returncode
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
         return f"crashed the process (signal {sig}: {name})"
     return f"the process exited {returncode}"
 

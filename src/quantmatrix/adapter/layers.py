@@ -17,7 +17,7 @@ _MOE_BLOCKS = {
     "mixtral": ("vllm.model_executor.models.mixtral", "MixtralMoE", "block_sparse_moe"),
 }
 _PRE_IMPORTS = (
-    *config.MODULES[3:],  # the quant config modules
+    *config.QUANT_MODULES,
     "vllm.model_executor.layers.quantization.online.base",
     "vllm.model_executor.models.utils",
     *(m for m, _, _ in _MOE_BLOCKS.values()),

@@ -116,8 +116,7 @@ def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
     tensors: dict[str, Tensor] = {}
     findings = []
     for file in files:
-        _, entries = read_header(file, path)
-        for name, dtype, shape, offset in entries:
+        for name, dtype, shape, offset in read_header(file, path):
             t = Tensor(name, dtype, shape, file, offset)
             if name in tensors:
                 findings.append(Finding("inconsistent", name.rpartition(".")[0], name.rpartition(".")[2],

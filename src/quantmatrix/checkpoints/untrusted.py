@@ -61,8 +61,8 @@ def _entry(file: Path, name: str, meta: Any, data_len: int) -> tuple[str, tuple[
     return dtype, tuple(shape), begin, end
 
 
-def read_header(file: Path, root: Path) -> tuple[int, list[tuple[str, str, tuple[int, ...], int]]]:
-    """(data start, [(name, dtype, shape, absolute offset)]) of one safetensors file, validated: header length
+def read_header(file: Path, root: Path) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """[(name, dtype, shape, absolute data offset)] of one safetensors file, validated: header length
     within the cap and the file, a JSON object, known dtypes, integer shapes, offsets in range, and the tensors
     tiling the data exactly (contiguous, non-overlapping), as safetensors requires."""
     regular_file(file, root)
@@ -91,7 +91,7 @@ def read_header(file: Path, root: Path) -> tuple[int, list[tuple[str, str, tuple
         expect = end
     if expect != data_len:
         raise LintError(f"{file}: the tensors cover {expect} of {data_len} data bytes (truncated or padded)")
-    return 8 + n, [(name, dtype, shape, 8 + n + begin) for name, dtype, shape, begin, _ in entries]
+    return [(name, dtype, shape, 8 + n + begin) for name, dtype, shape, begin, _ in entries]
 
 
 def json_object(path: Path, what: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `quantmatrix list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (Exception, RecursionError) as e:  # noqa: BLE001 - a bug is reported, never mistaken for a verdict
+    except Exception as e:  # noqa: BLE001 - a bug is reported, never mistaken for a verdict
         return internal_error(args.command, e)
 
 
