@@ -163,31 +163,59 @@ def test_same_spec_same_bytes(tmp_path):
 
 def test_bf16_checkpoint_records_the_hf_reference(tmp_path):
     """A bf16 checkpoint carries the greedy continuation transformers produced, and the tokenizer files put
-    <unk>/<s>/</s> at ids 0/1/2 as config.json says."""
-    ck = build(tmp_path, producer="none", scheme="bf16", model="qwen3_moe")
+    <unk>/<s>/</s> at ids 0/1/2 as config.json says; loaded from its files it continues the prompts as its
+    in-memory model (never saved) does."""
+    spec = SyntheticSpec(producer="none", scheme="bf16", model="qwen3_moe")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    store.write(spec, ck)
     ref = json.loads((ck / REFERENCE_FILE).read_text())
     assert len(ref["greedy_ids"]) == len(ref["prompts"]) and all(len(g) == 8 for g in ref["greedy_ids"])
     vocab = json.loads((ck / "tokenizer.json").read_text())["model"]["vocab"]
     assert [vocab["<unk>"], vocab["<s>"], vocab["</s>"]] == [0, 1, 2]
-    got, problem = verify.hf_reference(ck)
+    got, problem = verify.hf_reference(ck, spec)
     assert problem is None and got == ref["greedy_ids"]
 
 
-def test_logit_bound_rejects_a_broken_quantizer(tmp_path):
-    """The dequant check can fail: swapping the nibble order of every packed weight pushes the logit error
-    far past verify.LOGIT_REL_ERROR_BOUND."""
-    bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
-    ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
-    assert verify.dequant_error(ck, bf16).problem() is None
-    q, dq = tensors(ck), tensors(ck / store.DEQUANTIZED)
-    for name in [k for k in q if k.endswith(".weight") and q[k].dtype == torch.uint8]:
-        m = name.removesuffix(".weight")
-        swapped = (q[name] >> 4) | (q[name] << 4)
-        dq[name] = nvfp4.dequantize(swapped, q[f"{m}.weight_scale"], q[f"{m}.weight_scale_2"])
+def test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model(tmp_path):
+    """The reference is the in-memory model, not a recording of the same save/load path: a checkpoint whose
+    files swap one expert's gate and up projections (a naming bug transformers loads without complaint) fails."""
+    spec = SyntheticSpec(producer="none", scheme="bf16", model="mixtral")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    store.write(spec, ck)
+    t = tensors(ck)
+    for layer in (0, 1):
+        for e in range(4):
+            gate, up = LAYOUTS["mixtral"].expert(layer, e, "w1"), LAYOUTS["mixtral"].expert(layer, e, "w3")
+            t[f"{gate}.weight"], t[f"{up}.weight"] = t[f"{up}.weight"], t[f"{gate}.weight"]
     from safetensors.torch import save_file
 
-    save_file(dq, str(ck / store.DEQUANTIZED / "model.safetensors"))
-    err = verify.dequant_error(ck, bf16)
+    save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
+    got, problem = verify.hf_reference(ck, spec)
+    assert problem.startswith("greedy output of the model loaded from its files differs from the same weights' "
+                              "in-memory model (never saved):")
+    assert "in memory [" in problem and "from the files [" in problem
+
+
+def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, monkeypatch):
+    """dequant_logits decodes the files with vLLM's own dequantization, not the factory's unpack: a factory
+    whose pack and unpack both swap the nibble order (consistent with itself, so its dequantized/ copy matches
+    the bf16 model) writes a checkpoint whose logits stray far past verify.LOGIT_REL_ERROR_BOUND."""
+    bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
+    ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
+    assert verify.dequant_error(verify.dequantized_state(ck), bf16).problem() is None
+
+    def swap(packed: torch.Tensor) -> torch.Tensor:
+        return (packed >> 4) | (packed << 4)
+
+    pack, unpack = nvfp4.pack, nvfp4.unpack
+    monkeypatch.setattr(nvfp4, "pack", lambda codes: swap(pack(codes)))
+    monkeypatch.setattr(nvfp4, "unpack", lambda packed: unpack(swap(packed)))
+    bad = build(tmp_path, "bad", model="qwen3_moe", **MO)
+    assert torch.equal(tensors(bad / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"],
+                       tensors(ck / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"])
+    err = verify.dequant_error(verify.dequantized_state(bad), bf16)
     assert err.rel_error > 2 * verify.LOGIT_REL_ERROR_BOUND and err.top1 < verify.TOP1_AGREEMENT_BOUND
     assert "strays from bf16" in err.problem()
 

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 import tempfile
 from collections.abc import Iterator
 from importlib import resources
@@ -194,6 +195,40 @@ def load_hf(path: Path) -> Any:
     if problems:
         raise FactoryError(f"{path}: transformers did not load the checkpoint cleanly: {problems}")
     return model.eval()
+
+
+_EXPERT_WEIGHT = re.compile(r"^(model\.layers\.\d+)\.(\w+)\.experts\.(\d+)\.(\w+)\.weight$")
+
+
+def in_memory(model: str, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    """transformers' model built from `config` in memory, its parameters set from `tensors` by quantmatrix's own
+    reading of the layout (transformers 5 keeps each layer's experts fused: `mlp.experts.gate_up_proj[e]` =
+    [gate; up], `mlp.experts.down_proj[e]`), never saved: hf_reference holds the files on disk, loaded through
+    from_pretrained and its checkpoint conversion, against this. A tensor left over or a parameter left unset
+    is an error."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    lay = LAYOUTS[model]
+    state: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        m = _EXPERT_WEIGHT.match(name)
+        if m and m.group(2) == lay.moe:
+            experts.setdefault((m.group(1), m.group(4)), {})[int(m.group(3))] = t
+        else:
+            state[name.replace(f".{lay.moe}.gate.", ".mlp.gate.")] = t
+    for layer in sorted({layer for layer, _ in experts}):
+        proj = {p: experts.pop((layer, p)) for p in (lay.gate, lay.up, lay.down)}
+        n = len(proj[lay.gate])
+        state[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([proj[lay.gate][e], proj[lay.up][e]]) for e in range(n)])
+        state[f"{layer}.mlp.experts.down_proj"] = torch.stack([proj[lay.down][e] for e in range(n)])
+    if experts:
+        raise FactoryError(f"expert tensors of no {lay.gate}/{lay.up}/{lay.down} triple: {sorted(experts)}")
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16,
+                                          attn_implementation="eager")
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
 
 
 def encode(path_or_tokenizer: Path | dict[str, str], texts: list[str]) -> list[list[int]]:

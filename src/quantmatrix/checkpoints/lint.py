@@ -20,16 +20,16 @@ from typing import Any
 
 from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
 
-__all__ = ["LintError", "LintReport", "lint"]
+__all__ = ["LEAVES", "NVFP4_LEAVES", "LintError", "LintReport", "declared", "lint"]
 MAX_EXPERTS = 65536  # a config claiming more is refused, not expanded into a finding per expert
 EXPERT_FINDINGS = 16  # missing experts of one projection listed one by one; beyond that, summarised
 
-_LEAVES = {
+LEAVES = {
     "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
     "compressed-tensors": {"weight": "weight_packed", "scale_2": "weight_global_scale",
                            "input": "input_global_scale"},
 }
-_NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
+NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
                  "input_global_scale"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
@@ -57,6 +57,11 @@ class Finding:
     module: str
     tensor: str  # the tensor's last name component, "" for the config
     message: str
+
+    @property
+    def name(self) -> str:
+        """The full tensor name (the module's, for a finding about the module as a whole)."""
+        return f"{self.module}.{self.tensor}" if self.tensor else self.module
 
     @property
     def layer_expert(self) -> tuple[int, int] | None:
@@ -232,7 +237,7 @@ def _scheme_words(d: Declared) -> str:
 
 
 def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
-    names = _LEAVES[d.producer]
+    names = LEAVES[d.producer]
     out: list[Finding] = []
 
     def bad(code: str, leaf: str, message: str) -> None:
@@ -251,7 +256,7 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
     if d.scheme == "weight_only" and names["input"] in leaves:
         bad("unexpected_tensor", names["input"], f"present, but the config declares {_scheme_words(d)}: vLLM's "
             "weight-only path discards it, so the export and its config disagree about the activations")
-    other = {v for p, n in _LEAVES.items() if p != d.producer for v in n.values()} - set(names.values())
+    other = {v for p, n in LEAVES.items() if p != d.producer for v in n.values()} - set(names.values())
     for leaf in sorted(set(leaves) - set(required) - {names["input"]} - _ALLOWED_EXTRA):
         hint = " (a name of the other producer)" if leaf in other else ""
         bad("unexpected_tensor", leaf, f"not part of a {d.producer} NVFP4 module{hint}")
@@ -317,7 +322,7 @@ def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]
 def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Finding]:
     """An expert's gate and up projections share one input and one global scale (vLLM keeps one per w13)."""
     pairs = (("gate_proj", "up_proj"), ("w1", "w3"))
-    leaf = _LEAVES[d.producer]["scale_2"]
+    leaf = LEAVES[d.producer]["scale_2"]
     out = []
     for module, leaves in modules.items():
         for a, b in pairs:
@@ -349,7 +354,7 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     nvfp4 = 0
     for module, leaves in modules.items():
         weight = leaves.get("weight")
-        is_nvfp4 = bool(_NVFP4_LEAVES & set(leaves)) or (weight is not None and weight.dtype == "U8")
+        is_nvfp4 = bool(NVFP4_LEAVES & set(leaves)) or (weight is not None and weight.dtype == "U8")
         nvfp4 += is_nvfp4
         if d.scheme == "unquantized":
             if is_nvfp4:

@@ -5,15 +5,18 @@ numbers that decided."""
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.checkpoints.lint import LintReport
-from quantmatrix.checkpoints.store import DEQUANTIZED, base_spec, materialize_spec, spec_of
+from quantmatrix.checkpoints.configs import config_files
+from quantmatrix.checkpoints.lint import LEAVES, NVFP4_LEAVES, Finding, LintReport, declared
+from quantmatrix.checkpoints.store import base_spec, materialize_spec, spec_of
 from quantmatrix.checks.verdict import Verdict
-from quantmatrix.schema.model import Case
+from quantmatrix.schema.model import Case, TensorFinding
+from quantmatrix.schema.synthetic import SyntheticSpec
 
 # Quantizer sanity: the dequantized model's logits against the bf16 model's on the shipped prompts.
 # Measured (factory v2, cpu_tiny): relative error 0.150 (Qwen3-MoE experts, both producers), 0.166 (Mixtral
@@ -21,52 +24,67 @@ from quantmatrix.schema.model import Case
 # every packed weight gives 0.74 and top-1 0.25 (tests/test_factory.py keeps that control).
 LOGIT_REL_ERROR_BOUND = 0.35
 TOP1_AGREEMENT_BOUND = 0.6
+# Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
+INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
 
 
 def lint_verdict(case: Case, report: LintReport) -> Verdict:
-    """The lint's finding codes must be exactly the ones the matrix expects (none, for a sound export)."""
+    """The lint's findings must be exactly the ones the matrix expects (none, for a sound export), per tensor
+    where the matrix names the tensor."""
     return Verdict(lint_problem(case.cell.checkpoint.expectation("lint"), report), properties=[
         ("lint_declared", f"{report.declared.producer} {report.declared.scheme}"),
         ("lint_findings", len(report.findings))])
 
 
-def lint_problem(expected: tuple[str, ...], report: LintReport) -> str | None:
-    want, got = set(expected), report.codes()
-    if want == got:
-        return None
-    missing, extra = sorted(want - got), sorted(got - want)
-    parts = ([f"expected findings {missing} did not appear"] if missing else []) + (
-        [f"unexpected findings {extra}"] if extra else [])
-    return f"lint: {'; '.join(parts)}\n{report.render()}"
+def lint_problem(expected: tuple[str | TensorFinding, ...], report: LintReport) -> str | None:
+    """Every expected code appears (a pinned one on each tensor its glob names: three planted `bad_value`s are
+    three findings, not one code) and every finding is expected, by code or by code and tensor."""
+    codes = {e for e in expected if isinstance(e, str)}
+    pinned = [e for e in expected if isinstance(e, TensorFinding)]
 
+    def at(f: Finding, e: TensorFinding) -> bool:
+        return f.code == e.code and fnmatch.fnmatchcase(f.name, e.tensor)
 
-def digest(path: Path) -> str:
-    """Content hash of a safetensors file: identical dequantized models are compared once."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    parts = []
+    missing = sorted(codes - report.codes())
+    if missing:
+        parts.append(f"expected findings {missing} did not appear")
+    parts += [f"expected {e.code} on {e.tensor}: no such finding there" for e in pinned
+              if not any(at(f, e) for f in report.findings)]
+    extra = [f for f in report.findings if f.code not in codes and not any(at(f, e) for e in pinned)]
+    if extra:
+        parts.append(f"unexpected findings {sorted({f.code for f in extra})}" + "".join(
+            f"\n  {f.code}: {f}" for f in extra))
+    return f"lint: {'; '.join(parts)}\n{report.render()}" if parts else None
 
 
 def hf_verdict(case: Case, greedy: tuple[list[list[int]], str | None]) -> Verdict:
-    """The bf16 model loads in transformers from its own files and continues the prompts as recorded."""
+    """The bf16 model loads in transformers from its own files and continues the prompts as its in-memory
+    model does."""
     got, problem = greedy
     return Verdict(problem, properties=[("greedy_ids", got)])
 
 
-def hf_reference(path: Path) -> tuple[list[list[int]], str | None]:
-    """transformers' greedy output from the files on disk, and how it differs from the one the factory
-    recorded from its in-memory copy (None: identical)."""
-    from quantmatrix.checkpoints import base
+def hf_reference(path: Path, spec: SyntheticSpec) -> tuple[list[list[int]], str | None]:
+    """transformers' greedy output from the files on disk (from_pretrained and its checkpoint conversion), and how
+    it differs (None: identical) from the same model built in memory from the factory's tensors and never saved:
+    the write/load path must reproduce a forward it took no part in."""
+    from quantmatrix.checkpoints import base, export
 
-    recorded = json.loads((path / base.REFERENCE_FILE).read_text())
-    ids = base.encode(path, recorded["prompts"])
-    if ids != recorded["input_ids"]:
-        return [], "tokenizer.json on disk encodes the prompts differently from the tokenizer the factory trained"
+    config = config_files(spec)["config.json"]
+    prompts = base.prompts()
+    ids = base.encode(path, prompts)
+    if ids != base.encode(base.tokenizer_files(config["vocab_size"]), prompts):
+        return [], "tokenizer.json on disk encodes the prompts differently from the tokenizer the factory trains"
+    tensors = export.faulty(spec, base.bf16_tensors(spec.model, config, spec.seed))
+    want = base.greedy(base.in_memory(spec.model, config, tensors), ids)
     got = base.greedy(base.load_hf(path), ids)
-    if got == recorded["greedy_ids"]:
+    if got == want:
         return got, None
-    rows = [f"  {p!r}: recorded {r}, now {g}"
-            for p, r, g in zip(recorded["prompts"], recorded["greedy_ids"], got, strict=True) if r != g]
-    return got, (f"greedy output of the saved model differs from the one recorded at build time (recorded with "
-                 f"{recorded['recorded_with']}):\n" + "\n".join(rows))
+    rows = [f"  {p!r}: in memory {w}, from the files {g}" for p, w, g in zip(prompts, want, got, strict=True)
+            if w != g]
+    return got, ("greedy output of the model loaded from its files differs from the same weights' in-memory "
+                 "model (never saved):\n" + "\n".join(rows))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +112,62 @@ def base_dir(checkpoint: Any) -> Path:
     return materialize_spec(spec, f"base-{spec.model}-{spec.size}-seed{spec.seed}")
 
 
-def dequant_error(checkpoint_dir: Path, bf16_dir: Path) -> LogitError:
+def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
+    """The bf16 state dict the checkpoint's own files encode, every NVFP4 weight decoded by vLLM's dequantization
+    (adapter.nvfp4), not by the factory's unpack; scales and activation scales dropped, other tensors as
+    stored. A module whose scales do not fit its weight is a checkpoint that cannot be decoded (an error)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantmatrix.adapter import nvfp4 as vllm_nvfp4
+
+    producer = declared(checkpoint_dir)[0].producer
+    names = LEAVES[producer]
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(checkpoint_dir.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == names["weight"] and t.dtype == torch.uint8:
+            missing = [n for n in (f"{module}.{names['scale_2']}", f"{module}.weight_scale") if n not in tensors]
+            if missing:
+                raise ValueError(f"{checkpoint_dir}: {name} is packed NVFP4 but {missing} are missing: the lint "
+                                 "names it; this check cannot decode the weight")
+            scale_2 = tensors[f"{module}.{names['scale_2']}"].float().reshape(())
+            if producer in INVERTED_GLOBAL_SCALE:
+                scale_2 = 1.0 / scale_2
+            state[f"{module}.weight"] = vllm_nvfp4.dequantize(t, tensors[f"{module}.weight_scale"], scale_2,
+                                                              torch.bfloat16)
+        elif leaf not in NVFP4_LEAVES:
+            state[name] = t
+    return state
+
+
+def digest(state: dict[str, Any]) -> str:
+    """Content hash of a state dict: checkpoints that decode to the same bf16 model are compared once."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def dequant_error(state: dict[str, Any], bf16_dir: Path) -> LogitError:
+    """Logits of the decoded model (built from the bf16 model's config.json, every tensor required) against the
+    bf16 model's own, on the prompts the factory ships."""
+    import tempfile
+
     from quantmatrix.checkpoints import base
 
-    prompts = json.loads((bf16_dir / base.REFERENCE_FILE).read_text())["prompts"]
+    prompts = base.prompts()
     ids = base.encode(bf16_dir, prompts)
     ref = base.logits(base.load_hf(bf16_dir), ids)
-    dq = base.logits(base.load_hf(checkpoint_dir / DEQUANTIZED), ids)
+    with tempfile.TemporaryDirectory(prefix="quantmatrix-dequant-") as tmp:
+        base.write_hf(Path(tmp), {"config.json": json.loads((bf16_dir / "config.json").read_text())}, state, {})
+        dq = base.logits(base.load_hf(Path(tmp)), ids)
     pairs = list(zip(dq, ref, strict=True))
     rel = max(((a - b).norm() / b.norm()).item() for a, b in pairs)
     top1 = sum((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in pairs) / len(pairs)

@@ -177,21 +177,26 @@ def lint_report(checkpoint_dir: Path, quantmatrix_session: Session) -> LintRepor
 
 
 @pytest.fixture
-def hf_greedy(checkpoint_dir: Path, quantmatrix_session: Session) -> tuple[list[list[int]], str | None]:
-    """transformers' greedy output from the checkpoint's files, against the recording (once per checkpoint)."""
+def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) -> tuple[list[list[int]], str | None]:
+    """transformers' greedy output from the checkpoint's files, against its in-memory model (once per checkpoint)."""
     from quantmatrix.checks import checkpoint
 
-    return quantmatrix_session.once(("hf_reference", checkpoint_dir), lambda: checkpoint.hf_reference(checkpoint_dir))
+    spec = store.spec_of(cell.checkpoint)
+    return quantmatrix_session.once(("hf_reference", checkpoint_dir),
+                                    lambda: checkpoint.hf_reference(checkpoint_dir, spec))
 
 
 @pytest.fixture
-def dequant_error(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) -> LogitError:
-    """The dequantized model's logits against its bf16 family's, once per distinct dequantized model."""
+def dequant_error(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> LogitError:
+    """The logits of the model the checkpoint's files decode to (vLLM's dequantization) against its bf16
+    family's, once per distinct decoded model."""
     from quantmatrix.checks import checkpoint
 
     bf16 = checkpoint.base_dir(cell.checkpoint)
-    key = ("dequant_logits", checkpoint.digest(checkpoint_dir / store.DEQUANTIZED / "model.safetensors"), bf16)
-    return quantmatrix_session.once(key, lambda: checkpoint.dequant_error(checkpoint_dir, bf16))
+    state = quantmatrix_session.once(("dequantized_state", checkpoint_dir),
+                                     lambda: checkpoint.dequantized_state(checkpoint_dir))
+    key = ("dequant_logits", checkpoint.digest(state), bf16)
+    return quantmatrix_session.once(key, lambda: checkpoint.dequant_error(state, bf16))
 
 
 @pytest.fixture

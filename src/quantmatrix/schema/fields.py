@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from quantmatrix.schema import e2e, synthetic
-from quantmatrix.schema.model import PerArch, Selector, Source
+from quantmatrix.schema.model import PerArch, Selector, Source, TensorFinding
 from quantmatrix.schema.vocab import (
     ACTIVATION_SCALES,
     AUDIT_FAILURES,
@@ -136,6 +136,18 @@ def pattern(doc: Doc, node: yaml.Node, what: str) -> str:
     return text
 
 
+_TENSOR_FINDING = {"code": Field(one_of(LINT_CODES), "the finding code"),
+                   "tensor": Field(as_text, "a glob over full tensor names where the finding must be")}
+
+
+def lint_item(doc: Doc, node: yaml.Node, what: str) -> str | TensorFinding:
+    """A finding code expected somewhere, or {code, tensor}: the code expected on the tensors the glob names."""
+    if isinstance(node, yaml.MappingNode):
+        rec = doc.record(node, what, _TENSOR_FINDING)
+        return TensorFinding(rec["code"], rec["tensor"])
+    return one_of(LINT_CODES)(doc, node, what)
+
+
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
@@ -150,7 +162,8 @@ EXPECT_FIELDS: dict[str, Field] = {
     "moe_backend": Field(lambda d, n, w: per_arch(d, n, w, list_of(as_text)),
                          "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
                          required=False),
-    "lint": Field(list_of(one_of(LINT_CODES)), "the checkpoint lint's finding codes ([] = clean)",
+    "lint": Field(list_of(lint_item), "the checkpoint lint's findings ([] = clean): a code anywhere, or "
+                  "{code, tensor} where the matrix names the tensor (each planted fault found where it is)",
                   required=False),
     **e2e.EXPECT_FIELDS,
 }

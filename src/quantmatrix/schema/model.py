@@ -87,6 +87,15 @@ class PerArch(dict):
 
 
 @dataclasses.dataclass(frozen=True)
+class TensorFinding:
+    """An expected lint finding pinned to tensors: `code` on every tensor the glob `tensor` names (full names,
+    e.g. model.layers.1.mlp.experts.2.up_proj.weight_scale), so each planted fault must be found where it is."""
+
+    code: str
+    tensor: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Source:
     """Where a checkpoint comes from: `synthetic` (a factory spec), `path` (a local dir) or `hub` (HF cache)."""
 
