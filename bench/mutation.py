@@ -26,9 +26,9 @@ MUTMUT = Path(sys.executable).with_name("mutmut")
 TARGET = 0.90
 # module -> the tests that exercise its verdicts (small, fast selections: each mutant reruns them)
 MODULES: dict[str, list[str]] = {
-    "src/quantmatrix/checks/dispatch.py": ["tests/test_verdict_branches.py"],
-    "src/quantmatrix/checks/kernel.py": ["tests/test_verdict_branches.py"],
-    "src/quantmatrix/checks/quality.py": ["tests/test_quality.py", "tests/test_verdict_branches.py"],
+    "src/quantmatrix/checks/dispatch.py": ["tests/test_verdict_branches.py", "tests/test_dispatch_branches.py"],
+    "src/quantmatrix/checks/kernel.py": ["tests/test_verdict_branches.py", "tests/test_dispatch_branches.py"],
+    "src/quantmatrix/checks/quality.py": ["tests/test_oracle_branches.py", "tests/test_verdict_branches.py"],
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
     "src/quantmatrix/checks/audit.py": ["tests/test_layers_vllm.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint.py"],
@@ -57,6 +57,9 @@ def _workdir(module: str, tests: list[str]) -> Path:
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, work / name)
     (work / "setup.cfg").write_text(
         "[mutmut]\nsource_paths=src\n"
+        # forked straight from a process that ran torch, a worker can deadlock on a lock another thread held
+        # (measured: workers asleep on a futex for minutes, never reaching their CPU-time limit)
+        "process_isolation=forkserver\n"
         f"only_mutate={module}\n"
         "also_copy=\n    matrices\n    references\n    suites\n    conftest.py\n"
         "pytest_add_cli_args_test_selection=\n" + "".join(f"    {t}\n" for t in tests) +
@@ -65,13 +68,15 @@ def _workdir(module: str, tests: list[str]) -> Path:
 
 
 def _where(work: Path, module: str, name: str) -> str:
-    """file:line of a mutant: the line its diff removes, found in the original module."""
+    """file:line of a mutant and its change: the line its diff removes, found in the original module, and the
+    line it adds instead."""
     diff = subprocess.run([str(MUTMUT), "show", name], cwd=work, capture_output=True, text=True).stdout
-    removed = next((ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")),
-                   "")
-    lines = (ROOT / module).read_text().splitlines()
-    line = next((i for i, text in enumerate(lines, 1) if removed and text.strip() == removed), 0)
-    return f"{module}:{line}  {removed[:90]}"
+    lines = diff.splitlines()
+    removed = next((ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")), "")
+    added = next((ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")), "")
+    source = (ROOT / module).read_text().splitlines()
+    line = next((i for i, text in enumerate(source, 1) if removed and text.strip() == removed), 0)
+    return f"{module}:{line}  {removed[:100]}\n      -> {added[:100]}"
 
 
 def run(module: str, tests: list[str], equivalent: dict[str, str]) -> tuple[int, int, list[str], float]:

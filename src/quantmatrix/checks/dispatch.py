@@ -132,9 +132,8 @@ def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     layer = build.layer
     got = "weight_only" if layer.weight_only else "w4a4"
     if got != expected:
-        why = _CONSEQUENCE.get((expected, got), "")
         return (f"{_SCHEME_WORDS[expected]} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
-                f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
+                f"backend {layer.backend}) {on}: {_CONSEQUENCE[(expected, got)]}")
     backend = backends.get(layer.backend)
     if backend is None:
         return (f"vLLM selected MoE backend {layer.backend} {on}, which the matrix does not describe: add it under "
