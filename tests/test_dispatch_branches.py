@@ -17,6 +17,7 @@ from quantmatrix.adapter.kernel import KernelFormat
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
 from quantmatrix.checks import dispatch, kernel
 from quantmatrix.schema.load import load
+from quantmatrix.schema.model import PerArch
 
 ROOT = Path(__file__).resolve().parents[1]
 WO, W4A4, BF16 = "qwen3moe-tiny-nvfp4-weight-only", "qwen3moe-tiny-nvfp4-w4a4", "qwen3moe-tiny-bf16"
@@ -242,3 +243,13 @@ def test_kernel_activation_scales_default_to_any_when_the_matrix_is_silent(matri
         v = kernel.kernel_verdict(silent, _build("VLLM_CUTLASS", False), matrix.moe_backends,
                                   KernelFormat(None, "Q", GOOD, kept))
         assert v.problem is None
+
+
+def test_every_pinned_backend_is_named(matrix):
+    case = case_for(matrix, W4A4, "layer_dispatch")
+    ck = dataclasses.replace(case.cell.checkpoint, expect={**case.cell.checkpoint.expect, "moe_backend": PerArch(
+        {"*": ["FLASHINFER_CUTLASS", "FLASHINFER_TRTLLM"]})})
+    pinned = dataclasses.replace(case, cell=dataclasses.replace(case.cell, checkpoint=ck))
+    assert dispatch.layer_verdict(pinned, _build("VLLM_CUTLASS", False), matrix.moe_backends).problem == (
+        f"MoE backend VLLM_CUTLASS selected {ON}; the matrix pins FLASHINFER_CUTLASS, FLASHINFER_TRTLLM for this arch")
+    assert dispatch.layer_verdict(pinned, _build("FLASHINFER_TRTLLM", False), matrix.moe_backends).problem is None
