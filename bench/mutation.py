@@ -32,7 +32,7 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
     "src/quantmatrix/checks/audit.py": ["tests/test_layers_vllm.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
-    "src/quantmatrix/report/diff.py": ["tests/test_report_diff.py"],
+    "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
 }
 COPY = ("src", "tests", "suites", "matrices", "references", "conftest.py", "pyproject.toml")
 KILLED = {"killed", "timeout"}

@@ -209,9 +209,9 @@ def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
     (WO, _build("MARLIN", True), KernelFormat(None, "Q", {"g1_alphas": False, "g2_alphas": False}),
      f"{WON}: g1_alphas, g2_alphas hold non-finite values after kernel-format conversion: every expert output "
      "through them is NaN or inf"),
-    (WO, _build("MARLIN", True), KernelFormat(None, "Q", GOOD, ("a2_gscale",)),
-     f"{WON}: weight-only checkpoint, yet the kernel format carries activation scales (a2_gscale): a W4A4 kernel "
-     "would quantize activations with scales the checkpoint never had"),
+    (WO, _build("MARLIN", True), KernelFormat(None, "Q", GOOD, ("a1_gscale", "a2_gscale")),
+     f"{WON}: weight-only checkpoint, yet the kernel format carries activation scales (a1_gscale, a2_gscale): a W4A4 "
+     "kernel would quantize activations with scales the checkpoint never had"),
     (W4A4, _build("VLLM_CUTLASS", False), KernelFormat(None, "Q", GOOD),
      f"{KON}: the checkpoint's calibrated activation scales were dropped (no a1_gscale/a2_gscale in the kernel "
      "format): activations run unquantized"),

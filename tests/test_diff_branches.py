@@ -1,0 +1,282 @@
+"""Every branch of the nightly diff (report/diff.py) on constructed nights: last night's summary read or refused,
+history strings, the flaky rule at its boundary, every tag, the bisect range and what finish() carries over.
+tests/test_report_diff.py runs the same rules end to end through real pytest runs (seconds per night); these take
+milliseconds, so bench/mutation.py can rerun them for every mutant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantmatrix.errors import ReportError
+from quantmatrix.report import diff
+from quantmatrix.report.diff import Differ, Previous
+from quantmatrix.report.model import SCHEMA, CaseResult, Input, summary_entry
+
+KEY = "suites/test_dispatch.py::test_config_dispatch[ck@sm121-default]"
+OTHER = "suites/test_dispatch.py::test_config_dispatch[ck@sm120-default]"
+
+
+def _case(outcome: str, key: str = KEY, arch: str = "sm121", **own: str) -> CaseResult:
+    return CaseResult(key, outcome, own, {}, ("ck", arch, "default", "config_dispatch", "w4a4"),
+                      summary_entry(key, outcome, own, 0.0, "", ""))
+
+
+def _prev(cases: dict[str, dict], nights: int = 2, common: dict | None = None) -> Previous:
+    older = [{"night": f"n{i}", "date": f"2026-12-0{i}"} for i in range(nights, 0, -1)]
+    inputs = [{"path": "a.xml", "common": common or {}, "properties": {}}]
+    return Previous(f"n{nights + 1}", f"2026-12-0{nights + 1}", older, inputs, cases)
+
+
+def _was(outcome: str, history: str = "", file: int | None = None, **props: str) -> dict:
+    out: dict = {"outcome": outcome, "properties": props, "history": history}
+    if file is not None:
+        out["file"] = file
+    return out
+
+
+def _diff(prev: Previous | None, case: CaseResult, history: int = 7, provisioned=None) -> CaseResult:
+    Differ(prev, history, provisioned).case(case)
+    return case
+
+
+# ------------------------------------------------------------------------------------------- history
+
+
+def test_history_entries_pair_outcome_and_vllm():
+    assert diff.history_entries("passed@0.11.1 missing failed@0.11.0") == [
+        ("passed", "0.11.1"), ("missing", None), ("failed", "0.11.0")]
+    assert diff.history_entries("") == []
+
+
+def test_no_space_keeps_a_version_one_history_entry():
+    assert diff._no_space("0.11 .1\t+cu") == "0.11.1+cu"
+    assert diff._no_space("") is None and diff._no_space(None) is None
+
+
+@pytest.mark.parametrize(("now", "history", "flaky"), [
+    ("failed", "passed failed", True),  # F P F: two changes of direction
+    ("failed", "passed", False),  # one change: a plain new failure
+    ("passed", "failed skipped passed", True),  # skips do not count, P F P
+    ("skipped", "failed passed failed", True),  # tonight's skip ignored: F P F
+    ("passed", "error", False),
+    ("passed", "error passed error", True),
+    ("error", "xpassed failed", True),
+    ("passed", "passed passed", False),  # never red
+    ("failed", "failed error", False),  # never green
+    ("missing", "passed missing failed", False),  # P F: one change
+])
+def test_flaky_is_two_changes_of_direction(now, history, flaky):
+    assert diff._alternates(now, history) is flaky
+
+
+# -------------------------------------------------------------------------------------------- tagging
+
+
+def test_first_night_new_failure_has_nothing_to_bisect():
+    d = Differ(None, 7)
+    c = _case("failed")
+    d.case(c)
+    assert c.tags == {"new_failure"} and c.history == "" and d.bisect == {} and d.nights == []
+    assert c.entry == f'{json.dumps(KEY)}:{{"outcome":"failed","properties":{{}}}}'
+
+
+def test_new_failure_names_the_last_night_it_passed():
+    prev = _prev({KEY: _was("failed", "passed@0.10 passed@0.9", vllm_version="0.11")})
+    d = Differ(prev, 7)
+    c = _case("error")
+    d.case(c)
+    assert c.tags == {"still_failing"} and d.bisect == {}
+    prev = _prev({KEY: _was("skipped", "passed@0.10 passed@0.9", vllm_version="0.11")})
+    d = Differ(prev, 7)
+    c = _case("failed")
+    d.case(c)
+    assert c.tags == {"new_failure"} and c.history == "skipped@0.11 passed@0.10 passed@0.9"
+    assert d.bisect == {KEY: {"last_passed_night": "n2", "last_passed_vllm": "0.10"}}
+    assert c.entry.endswith(',"history":"skipped@0.11 passed@0.10 passed@0.9"}')
+
+
+def test_a_new_failure_that_never_passed_in_the_window_has_no_bisect_range():
+    d = Differ(_prev({KEY: _was("skipped", "missing")}), 7)
+    d.case(_case("failed"))
+    assert d.bisect == {KEY: {"last_passed_night": None, "last_passed_vllm": None}}
+
+
+def test_a_rerun_folded_into_a_case_replaces_its_bisect_entry():
+    d = Differ(_prev({KEY: _was("passed")}), 7)
+    d.case(_case("failed"))
+    assert KEY in d.bisect
+    d.case(_case("passed"))
+    assert d.bisect == {}
+
+
+@pytest.mark.parametrize(("before", "now", "tags"), [
+    ("failed", "passed", {"fixed"}), ("error", "xpassed", {"fixed"}), ("passed", "passed", set()),
+    ("passed", "skipped", {"newly_skipped"}), ("waived", "skipped", {"newly_skipped"}),
+    ("error", "skipped", {"newly_skipped"}), ("skipped", "skipped", set()), ("missing", "skipped", set()),
+    ("passed", "missing", {"newly_missing"}), ("missing", "missing", {"still_missing"}),
+    ("passed", "waived", set()), ("failed", "waived", set()),
+])
+def test_each_tag_from_last_night_to_tonight(before, now, tags):
+    assert _diff(_prev({KEY: _was(before)}), _case(now)).tags == tags
+
+
+def test_a_missing_case_of_an_arch_without_a_runner_is_unprovisioned():
+    prev = _prev({KEY: _was("passed")})
+    assert _diff(prev, _case("missing"), provisioned=frozenset({"sm120"})).tags == {"unprovisioned"}
+    assert _diff(prev, _case("missing"), provisioned=frozenset({"sm121"})).tags == {"newly_missing"}
+
+
+def test_alternating_outcomes_are_also_flaky():
+    c = _diff(_prev({KEY: _was("failed", "passed")}), _case("passed"))
+    assert c.tags == {"fixed", "flaky"} and c.history == "failed passed"
+
+
+# -------------------------------------------------------------------------------------------- history
+
+
+def test_history_takes_vllm_from_the_case_or_its_file_and_none_for_a_missing_night():
+    prev = _prev({KEY: _was("passed", file=0), OTHER: _was("missing", "passed@0.9")},
+                 common={"vllm_version": "0.11 rc1"})
+    assert _diff(prev, _case("passed")).history == "passed@0.11rc1"
+    assert _diff(prev, _case("passed", OTHER)).history == "missing passed@0.9"
+    prev.inputs[0] = {"path": "a.xml", "common": {}, "properties": {"vllm_version": "0.12"}}
+    assert _diff(prev, _case("passed")).history == "passed@0.12"
+    assert _diff(_prev({KEY: _was("passed", vllm_version="0.13")}), _case("passed")).history == "passed@0.13"
+    assert _diff(_prev({KEY: _was("passed")}), _case("passed")).history == "passed"
+
+
+def test_history_keeps_exactly_the_nights_asked_for():
+    prev = _prev({KEY: _was("failed", "passed skipped passed")})
+    assert _diff(prev, _case("passed"), history=2).history == "failed passed"
+    assert _diff(prev, _case("passed"), history=3).history == "failed passed skipped"
+    assert _diff(prev, _case("passed"), history=4).history == "failed passed skipped passed"
+    assert _diff(prev, _case("passed"), history=1).history == "failed"
+
+
+def test_the_nights_window_is_last_night_then_its_own_nights():
+    d = Differ(_prev({}, nights=3), 3)
+    assert [n["night"] for n in d.nights] == ["n4", "n3", "n2"]
+
+
+# ------------------------------------------------------------------------------------------------ finish
+
+
+def _input(*archs: str) -> Input:
+    return Input("a.xml", 1, list(archs), {}, {})
+
+
+def test_finish_carries_last_nights_cases_as_missing_and_lists_every_tag():
+    prev = _prev({KEY: _was("passed", file=0), OTHER: _was("missing", "failed"),
+                  "suites/t.py::test_c[gone@sm90-default]": _was("missing", "missing missing")}, nights=2)
+    d = Differ(prev, 3)
+    tonight = {"suites/t.py::test_d[x@sm121-default]": _case("failed", "suites/t.py::test_d[x@sm121-default]")}
+    d.case(tonight["suites/t.py::test_d[x@sm121-default]"])
+    out = d.finish(tonight, [_input("sm121")])
+    assert sorted(tonight) == sorted([KEY, OTHER, "suites/t.py::test_d[x@sm121-default]"])  # the gone one dropped
+    assert tonight[KEY].message == "no result tonight (last result: n3)"
+    assert tonight[OTHER].message == "no result tonight (last result: n2)"
+    assert tonight[KEY].tags == {"newly_missing"} and tonight[OTHER].tags == {"still_missing"}
+    assert out == {"new_failures": ["suites/t.py::test_d[x@sm121-default]"], "still_failing": [], "fixed": [],
+                   "newly_skipped": [], "newly_missing": [KEY], "still_missing": [OTHER], "unprovisioned": [],
+                   "flaky": [], "archs_lost": ["sm120"], "nights": d.nights,
+                   "bisect": {"suites/t.py::test_d[x@sm121-default]": {"last_passed_night": None,
+                                                                       "last_passed_vllm": None}}}
+
+
+def test_a_case_missing_in_every_kept_night_but_one_older_is_dropped():
+    prev = _prev({KEY: _was("missing", "missing passed")})
+    cases: dict[str, CaseResult] = {}
+    Differ(prev, 2).finish(cases, [_input("sm121")])
+    assert cases == {}
+    Differ(prev, 3).finish(cases, [_input("sm121")])
+    assert list(cases) == [KEY]
+
+
+def test_a_provisioned_arch_without_any_result_is_lost_even_on_a_first_night():
+    out = Differ(None, 7, frozenset({"sm100", "sm121"})).finish({}, [_input("sm121")])
+    assert out["archs_lost"] == ["sm100"] and out["nights"] == []
+    assert Differ(None, 7).finish({}, [_input("sm121")])["archs_lost"] == []
+
+
+def test_tags_are_listed_sorted_and_bisect_sorted():
+    prev = _prev({KEY: _was("passed"), OTHER: _was("passed")})
+    d = Differ(prev, 7)
+    cases = {k: _case("failed", k, arch=a) for k, a in ((OTHER, "sm120"), (KEY, "sm121"))}
+    for c in cases.values():
+        d.case(c)
+    out = d.finish(cases, [_input("sm120", "sm121")])
+    assert out["new_failures"] == sorted([KEY, OTHER]) and list(out["bisect"]) == sorted([KEY, OTHER])
+
+
+# ------------------------------------------------------------------------------------------ load_previous
+
+
+def _summary(tmp_path: Path, data: object) -> Path:
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(data))
+    return p
+
+
+GOOD = {"schema": SCHEMA, "night": "n1", "date": "2026-12-01", "nights": [{"night": "n0", "date": "2026-11-30"}],
+        "inputs": [{"path": "a.xml", "common": {"vllm_version": "1"}, "properties": {}}],
+        "cases": {KEY: {"outcome": "passed", "properties": {"arch": "sm121"}, "file": 0, "history": "failed"}}}
+
+
+def test_load_previous_reads_a_summary_and_rebuilds_case_properties(tmp_path):
+    prev = diff.load_previous(_summary(tmp_path, GOOD))
+    assert (prev.night, prev.date, prev.nights) == ("n1", "2026-12-01", GOOD["nights"])
+    assert prev.props(prev.cases[KEY]) == {"vllm_version": "1", "arch": "sm121"}
+    assert prev.props({"properties": {"a": "b"}}) == {"a": "b"}
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"schema": 2}, "not a quantmatrix summary of schema 1 (schema: 2)"),
+    ({"nights": [{"night": "n0"}]}, "previous summary is malformed (ValueError: nights[0] is not {night: str, "
+                                    "date: str}: {'night': 'n0'})"),
+    ({"nights": [["n0", "d"]]}, "previous summary is malformed (ValueError: nights[0] is not {night: str, "
+                                "date: str}: ['n0', 'd'])"),
+    ({"nights": [{"night": "n0", "date": 1}]}, "nights[0] is not {night: str, date: str}"),
+    ({"inputs": [{"path": "x", "common": [], "properties": {}}]},
+     "(ValueError: input 'x' has malformed common or properties)"),
+    ({"inputs": [{"path": "x", "common": {}, "properties": []}]}, "input 'x' has malformed common or properties"),
+    ({"cases": {KEY: {"outcome": "odd", "properties": {}}}},
+     f"(ValueError: case {KEY!r} has outcome 'odd' or malformed properties, history or file)"),
+    ({"cases": {KEY: {"outcome": "passed", "properties": []}}}, "has outcome 'passed' or malformed properties"),
+    ({"cases": {KEY: {"outcome": "passed", "properties": {}, "history": 3}}}, "malformed properties, history"),
+    ({"cases": {KEY: {"outcome": "passed", "properties": {}, "file": 1}}}, "malformed properties, history or file"),
+    ({"cases": {KEY: {"outcome": "passed", "properties": {}, "file": "0"}}}, "malformed properties, history or file"),
+    ({"cases": {KEY: {"outcome": "passed", "properties": {}, "history": "passed failed"}}},
+     f"(ValueError: case {KEY!r} has 2 nights of history, the summary names 1)"),
+    ({"cases": [1]}, "previous summary is malformed (TypeError: "),
+    ({"inputs": [{"path": "x"}]}, "previous summary is malformed (KeyError: 'common')"),
+])
+def test_load_previous_refuses_a_malformed_summary(tmp_path, change, error):
+    with pytest.raises(ReportError) as e:
+        diff.load_previous(_summary(tmp_path, {**GOOD, **change}))
+    assert str(e.value).startswith(f"{tmp_path / 'summary.json'}: ") and error in str(e.value)
+
+
+def test_load_previous_allows_history_up_to_the_nights_named(tmp_path):
+    ok = {**GOOD, "cases": {KEY: {"outcome": "passed", "properties": {}, "history": " failed "}}}
+    assert diff.load_previous(_summary(tmp_path, ok)).cases[KEY]["history"] == " failed "
+    many = {**GOOD, "nights": [], "cases": {KEY: {"outcome": "passed", "properties": {}, "history": "failed"}}}
+    with pytest.raises(ReportError, match="has 1 nights of history, the summary names 0"):
+        diff.load_previous(_summary(tmp_path, many))
+
+
+@pytest.mark.parametrize(("content", "error"), [
+    (None, "cannot read previous summary: No such file or directory"),
+    (b"{", "previous summary is not valid JSON: Expecting property name"),
+    (b"\xff", "previous summary is not valid JSON: 'utf-8' codec can't decode"),
+    (b"[1]", "not a quantmatrix summary of schema 1 (schema: 'list')"),
+])
+def test_load_previous_names_an_unreadable_file(tmp_path, content, error):
+    p = tmp_path / "summary.json"
+    if content is not None:
+        p.write_bytes(content)
+    with pytest.raises(ReportError) as e:
+        diff.load_previous(p)
+    assert str(e.value).startswith(f"{p}: {error}")
