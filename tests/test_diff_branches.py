@@ -1,5 +1,6 @@
 """Every branch of the nightly diff (report/diff.py) on constructed nights: last night's summary read or refused,
-history strings, the flaky rule at its boundary, every tag, the bisect range and what finish() carries over.
+history strings, the flaky rule at its boundary, every tag, the bisect range and what finish() carries over;
+and the waiver rules of report/read.py (a waived case, a waiver on its last day, an expired one).
 tests/test_report_diff.py runs the same rules end to end through real pytest runs (seconds per night); these take
 milliseconds, so bench/mutation.py can rerun them for every mutant."""
 
@@ -280,3 +281,67 @@ def test_load_previous_names_an_unreadable_file(tmp_path, content, error):
     with pytest.raises(ReportError) as e:
         diff.load_previous(p)
     assert str(e.value).startswith(f"{p}: {error}")
+
+
+# ------------------------------------------------------------------------------------------------ waivers
+
+
+def _junit(*results: object, out: str | None = None) -> object:
+    from junitparser import TestCase
+
+    case = TestCase("t")
+    case.result = list(results)
+    if out is not None:
+        case.system_out = out
+    return case
+
+
+WAIVED = {"waiver_reason": "vLLM #1", "waiver_link": "https://x/1", "waiver_expires": "2026-12-04",
+          "waiver_expired": "false"}
+
+
+@pytest.mark.parametrize(("props", "today", "expired"), [
+    ({"waiver_expired": "true"}, None, True),
+    (WAIVED, None, False),  # no date to compare: the plugin's own flag decides
+    (WAIVED, "2026-12-04", False),  # the last day of a waiver still counts
+    (WAIVED, "2026-12-05", True),
+    ({**WAIVED, "waiver_expires": "soon"}, "2026-12-05", False),
+    ({"waiver_reason": "r"}, "2026-12-05", False),
+])
+def test_a_waiver_expires_after_its_last_day(props, today, expired):
+    import datetime
+
+    from quantmatrix.report import read
+
+    day = datetime.date.fromisoformat(today) if today else None
+    assert read._waiver_expired(props, day) is expired
+
+
+def test_outcomes_of_junit_results_and_waivers():
+    import datetime
+
+    from junitparser import Error, Failure, Skipped
+
+    from quantmatrix.report import read
+
+    late = datetime.date(2026, 12, 5)
+    fail = Failure("boom")
+    fail.text = "trace"
+    assert read._outcome(_junit(fail, Error("e"), out="log"), {}, None) == ("failed", "boom\ne", "trace\nlog")
+    assert read._outcome(_junit(Error("e")), {}, None) == ("error", "e", "")
+    assert read._outcome(_junit(Skipped("why")), {}, None) == ("skipped", "why", "")
+    assert read._outcome(_junit(Skipped("known", "pytest.xfail")), WAIVED, None) == ("waived", "known", "")
+    xpass = Skipped("xfail-marked test passes unexpectedly")
+    assert read._outcome(_junit(xpass), {}, None)[0] == "xpassed"
+    assert read._outcome(_junit(), {}, None) == ("passed", "", "")
+    assert read._outcome(_junit(), WAIVED, None) == ("xpassed", "", "")
+    assert read._outcome(_junit(), WAIVED, late) == ("failed", "waiver expired 2026-12-04: vLLM #1 (https://x/1)",
+                                                     "")
+    assert read._outcome(_junit(Skipped("known", "pytest.xfail")), {**WAIVED, "waiver_link": ""}, late) == (
+        "failed", "waiver expired 2026-12-04: vLLM #1\nknown", "")
+    assert read._outcome(_junit(Error("e")), WAIVED, late)[:2] == (
+        "error", "waiver expired 2026-12-04: vLLM #1 (https://x/1)\ne")
+    said = Failure("waiver expired on 2026-12-04 (m.yaml:3): vLLM #1")
+    assert read._outcome(_junit(said), WAIVED, late)[:2] == ("failed", said.message)
+    assert read._outcome(_junit(Skipped("no GPU")), WAIVED, late)[:2] == ("skipped", "no GPU")
+    assert read._outcome(_junit(Failure("x" * 5000)), {}, None)[1] == "x" * read.MESSAGE_CHARS
