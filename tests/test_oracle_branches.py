@@ -51,6 +51,10 @@ def test_degeneration_statistics_of_two_prompts():
     assert d.distinct_2 == 4 / 5  # (1,2) (2,3) (4,4) (4,5) of 5: (4,4) twice, and no (3,4) across prompts
 
 
+def test_the_worst_prompt_may_be_the_first():
+    assert quality.degeneration([[2, 2, 2], [1, 2], [3, 3]]).worst_prompt == 0
+
+
 def test_degeneration_of_nothing_is_all_zero():
     assert quality.degeneration([]) == Degeneration(0, 0, 0.0, 0.0, 0.0)
     assert quality.degeneration([[9]]).distinct_2 == 0.0  # one token: no bigram at all
@@ -62,7 +66,7 @@ def test_compression_ratio_is_raw_over_zlib_size_of_four_byte_tokens():
     assert quality.compression_ratio([[1, 2], [1, 2]]) == 16 / 17  # varied text does not compress
 
 
-@pytest.mark.parametrize(("tokens", "run"), [([3, 3, 4], 2), ([4, 3, 3], 2), ([0, 0], 2)])
+@pytest.mark.parametrize(("tokens", "run"), [([3, 3, 4], 2), ([4, 3, 3], 2), ([0, 0], 2), ([], 0), ([5], 1)])
 def test_longest_run_wherever_it_is(tokens, run):
     assert quality.longest_run(tokens) == run
 
@@ -85,6 +89,23 @@ def test_a_divergence_must_be_within_top_k_both_ways():
     assert quality.first_divergence(0, ours_sees_theirs, theirs_sees_ours, 2).within_top_k
     assert not quality.first_divergence(0, ours_blind, theirs_sees_ours, 2).within_top_k
     assert not quality.first_divergence(0, ours_sees_theirs, theirs_blind, 2).within_top_k
+
+
+def test_a_token_ranked_just_past_k_is_not_within_top_k():
+    """k is the cut: the other's token at rank k + 1 is a disagreement (at rank k it is a near-tie)."""
+    ours = _out([5], [{5: -0.1, 9: -0.2, 6: -0.3}])
+    theirs = _out([6], [{6: -0.1, 7: -0.2, 5: -0.3}])
+    assert not quality.first_divergence(0, ours, theirs, 2).within_top_k
+    assert quality.first_divergence(0, ours, theirs, 3).within_top_k
+    assert [d.within_top_k for d in quality.compare([ours], [theirs], 2)] == [False]
+    assert [d.within_top_k for d in quality.compare([ours], [theirs], 3)] == [True]
+
+
+def test_exact_fails_even_where_each_token_tops_the_others_list():
+    """Logprobs where each run ranks the other's token first (k = 1 would call it a near-tie): exact still fails."""
+    a, b = _out([1], [{2: -0.1, 1: -0.5}]), _out([2], [{1: -0.1, 2: -0.5}])
+    assert quality.compare([a], [b], 1)[0].within_top_k
+    assert [d.within_top_k for d in quality.exact([a], [b])] == [False]
 
 
 def test_sequences_that_never_part_are_compared_over_the_shorter():
@@ -134,6 +155,12 @@ def test_wilson_interval_needs_a_trial():
         quality.wilson_interval(0, 0, 1.96)
 
 
+def test_wilson_interval_stays_within_0_and_1():
+    """At 5/5 and z = 1.96 the upper bound computes to 1 + 2e-16 in floating point: it is clamped to 1."""
+    assert quality.wilson_interval(5, 5, 1.96)[1] == 1.0
+    assert quality.wilson_interval(0, 5, 1.96)[0] == 0.0
+
+
 def test_wilson_interval_of_one_trial():
     low, high = quality.wilson_interval(1, 1, 1.0)
     assert (low, high) == (pytest.approx(0.5), 1.0)  # centre (1 + 1/2) / 2, half 1/4 / ... -> [0.5, 1]
@@ -157,5 +184,6 @@ def test_accuracy_pass_line_subtracts_max_drop():
 
 def test_score_strips_the_answer_and_skips_blank_lines():
     assert quality.score(["  \n\t\n 7 apples", "x7"], [" 7 ", "7"]) == [True, False]
+    assert quality.score(["", " \n "], ["X", "XX"]) == [False, False]  # no line at all answers nothing
     with pytest.raises(ValueError):
         quality.score(["7"], ["7", "8"])  # strict: one answer per completion
