@@ -1,0 +1,109 @@
+"""The checkpoint checks' verdicts (checks/checkpoint.py) at their boundaries, and the decoding dequant_logits
+runs, on hand-written files: the logit bounds are inclusive, each verdict records its numbers, and the packed
+weights are decoded by vLLM's own dequantization with each producer's global-scale convention."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from matrixkit import case_for
+from safetensors.torch import save_file
+
+from quantmatrix.checkpoints import nvfp4
+from quantmatrix.checkpoints.lint import Declared, LintReport
+from quantmatrix.checks import checkpoint
+from quantmatrix.checks.checkpoint import LOGIT_REL_ERROR_BOUND as REL
+from quantmatrix.checks.checkpoint import TOP1_AGREEMENT_BOUND as TOP1
+from quantmatrix.checks.checkpoint import LogitError
+from quantmatrix.schema.load import load
+
+ROOT = Path(__file__).resolve().parents[1]
+W4A4 = "qwen3moe-tiny-nvfp4-w4a4"
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return load(ROOT / "matrices" / "default.yaml")
+
+
+def test_the_logit_bounds_are_inclusive():
+    assert LogitError(REL, TOP1).problem() is None
+    assert LogitError(REL + 1e-9, TOP1).problem() == (
+        f"dequantized model strays from bf16: logit relative error {REL + 1e-9:.4f} (bound {REL}), top-1 agreement "
+        f"{TOP1:.3f} (bound {TOP1})")
+    assert LogitError(REL, TOP1 - 1e-9).problem() is not None
+    assert LogitError(float("nan"), 1.0).problem() is not None  # a NaN logit never passes
+
+
+def test_dequant_verdict_names_the_cell_and_records_both_numbers(matrix):
+    case = case_for(matrix, W4A4, "dequant_logits")
+    ok = checkpoint.dequant_verdict(case, LogitError(0.123456, 0.87654))
+    assert ok.problem is None and ok.properties == [("logit_rel_error", 0.12346), ("top1_agreement", 0.8765)]
+    bad = checkpoint.dequant_verdict(case, LogitError(0.5, 0.5))
+    assert bad.problem == f"{W4A4}@sm121-default: " + LogitError(0.5, 0.5).problem()
+
+
+def test_hf_and_lint_verdicts_record_what_decided(matrix):
+    hf = checkpoint.hf_verdict(case_for(matrix, "qwen3moe-tiny-bf16", "hf_reference"), ([[1, 2]], "differs"))
+    assert (hf.problem, hf.properties) == ("differs", [("greedy_ids", [[1, 2]])])
+    report = LintReport(Path("ck"), Declared("modelopt", "w4a4", "why", ()), 9, 1, 3, [])
+    v = checkpoint.lint_verdict(case_for(matrix, W4A4, "checkpoint_lint"), report)
+    assert (v.problem, v.properties) == (None, [("lint_declared", "modelopt w4a4"), ("lint_findings", 0)])
+
+
+def _export(d: Path, producer: str) -> torch.Tensor:
+    """One quantized Linear and one bf16 tensor as `producer` writes them; returns the weight it encodes."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 32)
+    d.mkdir()
+    if producer == "modelopt":
+        scale_2 = nvfp4.modelopt_scale_2(w.abs().amax())
+        q = nvfp4.quantize_modelopt(w, scale_2)
+        tensors = {"m.weight": q.packed, "m.weight_scale_2": scale_2, "m.input_scale": torch.tensor(0.5)}
+        qc = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+        decode = scale_2
+    else:
+        gs = nvfp4.ct_global_scale(w.abs().amax())
+        q = nvfp4.quantize_compressed_tensors(w, gs)
+        tensors = {"m.weight_packed": q.packed, "m.weight_global_scale": gs, "m.input_global_scale": gs.clone()}
+        qc = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
+        decode = 1.0 / gs
+    tensors |= {"m.weight_scale": q.scale, "norm.weight": torch.ones(4, dtype=torch.bfloat16)}
+    save_file(tensors, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"quantization_config": qc}))
+    return nvfp4.dequantize(q.packed, q.scale, decode.reshape(()), torch.bfloat16)
+
+
+@pytest.mark.parametrize("producer", ["modelopt", "compressed-tensors"])
+def test_the_files_decode_by_vllms_dequantization(tmp_path, producer):
+    """Each producer's packed weight decodes (through vLLM, inverting compressed-tensors' global scale) to the
+    weight the export encodes; scales and activation scales are dropped, other tensors kept as stored."""
+    want = _export(tmp_path / "ck", producer)
+    state = checkpoint.dequantized_state(tmp_path / "ck")
+    assert sorted(state) == ["m.weight", "norm.weight"]
+    assert state["m.weight"].dtype == torch.bfloat16 and torch.equal(state["m.weight"], want)
+    assert torch.equal(state["norm.weight"], torch.ones(4, dtype=torch.bfloat16))
+
+
+def test_a_packed_weight_without_its_scales_cannot_be_decoded(tmp_path):
+    _export(tmp_path / "ck", "modelopt")
+    path = tmp_path / "ck" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    del tensors["m.weight_scale"]
+    save_file(tensors, str(path))
+    with pytest.raises(ValueError, match=r"m.weight is packed NVFP4 but \['m.weight_scale'\] are missing"):
+        checkpoint.dequantized_state(tmp_path / "ck")
+
+
+def test_the_digest_sees_names_dtypes_shapes_and_bytes():
+    a = {"x": torch.zeros(2, dtype=torch.bfloat16)}
+    same = checkpoint.digest(a)
+    assert checkpoint.digest({"x": torch.zeros(2, dtype=torch.bfloat16)}) == same
+    for other in ({"y": torch.zeros(2, dtype=torch.bfloat16)}, {"x": torch.zeros(2, dtype=torch.float16)},
+                  {"x": torch.zeros(1, 2, dtype=torch.bfloat16)}, {"x": torch.ones(2, dtype=torch.bfloat16)}):
+        assert checkpoint.digest(other) != same
