@@ -37,9 +37,9 @@ def _module(prefix: str, *, producer: str = "modelopt", inputs: bool = True, sca
     return out
 
 
-def _write(d: Path, qc: object, tensors: dict[str, torch.Tensor], experts: int = 1, **extra: object) -> Path:
+def _write(d: Path, qc: object, tensors: dict[str, torch.Tensor], experts: object = 1, **extra: object) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"model_type": "qwen3_moe", "num_experts": experts, **extra}
+    cfg = {"model_type": "qwen3_moe", **({"num_experts": experts} if experts is not None else {}), **extra}
     if qc is not None:
         cfg["quantization_config"] = qc
     (d / "config.json").write_text(json.dumps(cfg))
@@ -144,14 +144,15 @@ def test_ignored_by_name_prefix_glob_or_anchored_regex(module, patterns, hit):
 
 
 def test_a_sound_module_is_clean_and_the_report_says_so(tmp_path):
-    d = _write(tmp_path, {**NVFP4, "ignore": ["lm_head"]},
+    d = _write(tmp_path, {**NVFP4, "ignore": ["lm_head", "re:.*norm"]},
                {**_module(E0 + ".up_proj"), "lm_head.weight": torch.zeros(2, 2)})
     report = lint.lint(d, block_scales=True)
     assert report.findings == [] and report.codes() == set()
     assert (report.tensors, report.files, report.nvfp4_modules) == (5, 1, 1)
     assert report.render() == "\n".join([
         f"quantmatrix lint {d}",
-        "declared: modelopt w4a4 (config.json quant_algo NVFP4, g input_activations quantized); ignore: lm_head",
+        "declared: modelopt w4a4 (config.json quant_algo NVFP4, g input_activations quantized); ignore: lm_head, "
+        "re:.*norm",
         "read: 1 safetensors file(s), 5 tensors, 1 NVFP4 modules (headers and per-tensor scales only)",
         "OK: every tensor agrees with the declared scheme"])
 
@@ -186,16 +187,31 @@ def test_leaves_of_the_other_producer_or_of_none(tmp_path):
 
 
 def test_weight_and_block_scale_dtypes_and_shapes(tmp_path):
-    t = _module("a") | _module("b") | _module("c")
-    t["a.weight"] = torch.zeros(4, 16, dtype=torch.bfloat16)
-    t["a.weight_scale"] = torch.ones(4, 2)
-    t["b.weight"] = torch.zeros(2, 4, 16, dtype=torch.uint8)
-    t["c.weight_scale"] = torch.ones(4, 3).to(torch.float8_e4m3fn)
+    t = _module("m.a") | _module("m.b") | _module("m.c")
+    t["m.a.weight"] = torch.zeros(4, 16, dtype=torch.bfloat16)
+    t["m.a.weight_scale"] = torch.ones(4, 2)
+    t["m.b.weight"] = torch.zeros(2, 4, 16, dtype=torch.uint8)
+    t["m.c.weight_scale"] = torch.ones(4, 3).to(torch.float8_e4m3fn)
     assert _findings(_write(tmp_path, NVFP4, t, experts=0)) == [
-        "bad_dtype a weight: is BF16 [4, 16]; packed e2m1 is U8 [out, in/2]",
-        "bad_dtype a weight_scale: is F32; block scales are F8_E4M3",
-        "bad_shape b weight: is U8 [2, 4, 16]; packed e2m1 is U8 [out, in/2]",
-        "bad_shape c weight_scale: is [4, 3], expected [4, 2] (one per 16 inputs of weight [4, 16])"]
+        "bad_dtype m.a weight: is BF16 [4, 16]; packed e2m1 is U8 [out, in/2]",
+        "bad_dtype m.a weight_scale: is F32; block scales are F8_E4M3",
+        "bad_shape m.b weight: is U8 [2, 4, 16]; packed e2m1 is U8 [out, in/2]",
+        "bad_shape m.c weight_scale: is [4, 3], expected [4, 2] (one per 16 inputs of weight [4, 16])"]
+
+
+def test_packed_inputs_must_be_whole_blocks_of_16(tmp_path):
+    t = _module("model.x")
+    t["model.x.weight"] = torch.zeros(4, 12, dtype=torch.uint8)
+    t["model.x.weight_scale"] = torch.ones(4, 1).to(torch.float8_e4m3fn)
+    assert _findings(_write(tmp_path, NVFP4, t, experts=0)) == [
+        "bad_shape model.x weight: is [4, 12]: 24 inputs, not whole blocks of 16 (one E4M3 scale per 16 inputs)"]
+
+
+def test_a_missing_global_scale_does_not_hide_a_bad_input_scale(tmp_path):
+    t = _module("a", input_scale=float("inf"))
+    del t["a.weight_scale_2"]
+    assert [f.code for f in lint.lint(_write(tmp_path, NVFP4, t, experts=0)).findings] == [
+        "missing_tensor", "bad_value"]
 
 
 def test_block_scales_that_are_nan_or_zero_are_counted(tmp_path):
@@ -264,9 +280,26 @@ def test_an_expert_count_that_is_not_a_small_integer_is_an_error(tmp_path, n):
 
 
 def test_the_expert_count_may_be_named_num_local_experts_and_be_the_maximum(tmp_path):
-    d = _write(tmp_path / "a", NVFP4, _module("a"), experts=0, num_local_experts=2)
-    assert lint.lint(d).findings == []
-    assert lint.lint(_write(tmp_path / "b", NVFP4, _module("a"), experts=lint.MAX_EXPERTS)).findings == []
+    d = _write(tmp_path / "a", NVFP4, _expert(0, 0, "up_proj"), experts=None, num_local_experts=2)
+    assert [f.module for f in lint.lint(d).findings] == ["model.layers.0.mlp.experts.1.up_proj"]
+    assert lint.lint(_write(tmp_path / "b", NVFP4, _module("a"), experts=None)).findings == []  # no count: 0
+    assert lint.lint(_write(tmp_path / "c", NVFP4, _module("a"), experts=lint.MAX_EXPERTS)).findings == []
+
+
+def test_an_expert_count_error_names_the_value(tmp_path):
+    with pytest.raises(LintError) as e:
+        lint.lint(_write(tmp_path, NVFP4, _module("a"), experts="many"))
+    assert str(e.value) == f"{tmp_path}/config.json: num_experts many is not an integer from 0 to 65536"
+
+
+def test_experts_are_numbered_after_the_last_experts_and_may_nest_their_projections(tmp_path):
+    """`experts.<n>.` is an expert; a name with an unnumbered `experts.` part (a shared block) is not, and a
+    projection nested one level deeper still belongs to its expert."""
+    t = _module("model.experts.shared.layers.0.mlp.experts.0.up_proj") | _module(
+        "model.layers.0.mlp.experts.shared.up_proj") | _module("model.layers.1.mlp.experts.0.proj.up")
+    found = lint.lint(_write(tmp_path, NVFP4, t, experts=2)).findings
+    assert [f.module for f in found] == ["model.experts.shared.layers.0.mlp.experts.1.up_proj",
+                                         "model.layers.1.mlp.experts.1.proj.up"]
 
 
 def test_gate_and_up_must_share_their_global_scale(tmp_path):
@@ -286,8 +319,11 @@ def test_mixtral_w1_w3_share_too_and_a_non_finite_pair_is_left_to_bad_value(tmp_
     assert [f.code for f in lint.lint(_write(tmp_path / "b", NVFP4, t)).findings] == ["bad_value"]
     t = _expert(0, 0, "gate_proj", scale_2=0.5) | _expert(0, 0, "up_proj", scale_2=float("nan"))
     assert [f.code for f in lint.lint(_write(tmp_path / "c", NVFP4, t)).findings] == ["bad_value"]
-    t = _module("model.layers.0.self_attn.gate_proj", scale_2=0.5) | _module("model.layers.0.self_attn.up_proj")
+    t = _module("model.layers.0.self_attn.gate_proj", scale_2=0.5) | _module("model.layers.0.self_attn.up_proj",
+                                                                              scale_2=0.25)
     assert lint.lint(_write(tmp_path / "d", NVFP4, t, experts=0)).findings == []  # not experts: not fused
+    alone = _expert(0, 0, "gate_proj") | _expert(0, 1, "gate_proj")
+    assert lint.lint(_write(tmp_path / "e", NVFP4, alone, experts=2)).findings == []  # no up_proj to compare
 
 
 def test_a_fused_pair_with_a_malformed_scale_is_not_compared(tmp_path):
@@ -336,7 +372,9 @@ def test_a_tensor_stored_twice_and_the_report_of_findings(tmp_path):
 def test_the_report_counts_findings_per_code_in_order(tmp_path):
     declared = Declared("modelopt", "w4a4", "why", ())
     f = [Finding("b", "m", "t", "x"), Finding("a", "m", "", "y"), Finding("b", "n", "t", "z")]
-    assert LintReport(tmp_path, declared, 3, 1, 2, f).render().splitlines()[3] == "FAIL: 3 finding(s) (a 1, b 2)"
+    lines = LintReport(tmp_path, declared, 3, 1, 2, f).render().splitlines()
+    assert lines[1] == "declared: modelopt w4a4 (why); ignore: -"
+    assert lines[3] == "FAIL: 3 finding(s) (a 1, b 2)"
 
 
 def test_a_directory_without_tensors_is_an_error(tmp_path):

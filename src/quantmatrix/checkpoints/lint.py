@@ -233,7 +233,7 @@ def ignored(module: str, patterns: Iterable[str]) -> bool:
 
 
 def _scheme_words(d: Declared) -> str:
-    return {"w4a4": "W4A4", "weight_only": "weight-only"}.get(d.scheme, d.scheme) + f" ({d.why})"
+    return {"w4a4": "W4A4", "weight_only": "weight-only"}[d.scheme] + f" ({d.why})"
 
 
 def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
@@ -265,6 +265,9 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
     if w is not None and (w.dtype != "U8" or len(w.shape) != 2):
         bad("bad_dtype" if w.dtype != "U8" else "bad_shape", w.name.rpartition(".")[2],
             f"is {w.dtype} {list(w.shape)}; packed e2m1 is U8 [out, in/2]")
+    elif w is not None and w.shape[1] * 2 % 16:
+        bad("bad_shape", w.name.rpartition(".")[2], f"is {list(w.shape)}: {w.shape[1] * 2} inputs, not whole "
+            "blocks of 16 (one E4M3 scale per 16 inputs)")
     if s is not None:
         if s.dtype != "F8_E4M3":
             bad("bad_dtype", "weight_scale", f"is {s.dtype}; block scales are F8_E4M3")
@@ -300,7 +303,7 @@ def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]
         raise LintError(f"{path}/config.json: num_experts {str(n)[:40]} is not an integer from 0 to {MAX_EXPERTS}")
     layers: dict[str, dict[int, set[str]]] = {}
     for module in modules:
-        head, sep, tail = module.partition(".experts.")
+        head, sep, tail = module.rpartition(".experts.")
         idx, _, proj = tail.partition(".")
         if sep and idx.isdigit() and proj:
             layers.setdefault(head, {}).setdefault(int(idx), set()).add(proj)
