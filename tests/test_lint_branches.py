@@ -89,6 +89,13 @@ def test_declared_without_quantization_and_from_the_legacy_file(tmp_path):
     assert lint.declared(legacy)[0].scheme == "w4a4"
 
 
+def test_config_findings_stay_among_the_lints_findings(tmp_path):
+    mixed = {**NVFP4, "config_groups": {"a": {"input_activations": None}, "b": {"input_activations": {"x": 1}}}}
+    d = _write(tmp_path, mixed, _module("a"), experts=0)
+    save_file({"a.input_scale": torch.tensor(0.25)}, str(d / "more.safetensors"))
+    assert [f.code for f in lint.lint(d).findings] == ["config", "inconsistent"]
+
+
 def test_groups_that_disagree_are_a_config_finding(tmp_path):
     mixed = {**NVFP4, "config_groups": {"a": {"input_activations": None}, "b": {"input_activations": {"x": 1}}}}
     d, (f,) = lint.declared(_write(tmp_path / "a", mixed, {}))
@@ -264,8 +271,10 @@ def test_more_missing_experts_than_listed_are_summarised(tmp_path):
     found = lint.lint(_write(tmp_path, NVFP4, _expert(0, 0, "up_proj"), experts=n)).findings
     assert len(found) == lint.EXPERT_FINDINGS + 1
     assert found[lint.EXPERT_FINDINGS - 1].module == f"model.layers.0.mlp.experts.{lint.EXPERT_FINDINGS}.up_proj"
-    assert str(found[-1]) == (f"model.layers.0.mlp.experts.*.up_proj (config): and 2 more experts (up to {n - 1}) "
-                              "have no up_proj either")
+    assert found[-1] == Finding("missing_tensor", "model.layers.0.mlp.experts.*.up_proj", "",
+                                f"and 2 more experts (up to {n - 1}) have no up_proj either")
+    assert found[0] == Finding("missing_tensor", "model.layers.0.mlp.experts.1.up_proj", "", "no tensors at all; "
+                               f"config.json says {n} experts and siblings have up_proj")
 
 
 def test_exactly_as_many_missing_experts_as_listed_need_no_summary(tmp_path):
@@ -286,10 +295,17 @@ def test_the_expert_count_may_be_named_num_local_experts_and_be_the_maximum(tmp_
     assert lint.lint(_write(tmp_path / "c", NVFP4, _module("a"), experts=lint.MAX_EXPERTS)).findings == []
 
 
-def test_an_expert_count_error_names_the_value(tmp_path):
+def test_an_expert_count_error_names_the_value_cut_at_40_characters(tmp_path):
     with pytest.raises(LintError) as e:
-        lint.lint(_write(tmp_path, NVFP4, _module("a"), experts="many"))
-    assert str(e.value) == f"{tmp_path}/config.json: num_experts many is not an integer from 0 to 65536"
+        lint.lint(_write(tmp_path / "a", NVFP4, _module("a"), experts="many"))
+    assert str(e.value) == f"{tmp_path}/a/config.json: num_experts many is not an integer from 0 to 65536"
+    with pytest.raises(LintError) as e:
+        lint.lint(_write(tmp_path / "b", NVFP4, _module("a"), experts="x" * 50))
+    assert str(e.value) == f"{tmp_path}/b/config.json: num_experts {'x' * 40} is not an integer from 0 to 65536"
+
+
+def test_without_an_expert_count_no_expert_is_expected(tmp_path):
+    assert lint.lint(_write(tmp_path, NVFP4, _expert(0, 1, "up_proj"), experts=None)).findings == []
 
 
 def test_experts_are_numbered_after_the_last_experts_and_may_nest_their_projections(tmp_path):
@@ -340,6 +356,9 @@ def test_a_fused_pair_with_a_malformed_scale_is_not_compared(tmp_path):
 def test_unquantized_declaration_holding_nvfp4_and_a_bare_linear(tmp_path):
     t = _module("a") | {"model.embed_tokens.weight": torch.zeros(4, 4), "b.weight": torch.zeros(4, 4),
                         "norm.weight": torch.zeros(4)}
+    assert [f.tensor for f in lint.lint(_write(tmp_path / "a", None, t, experts=0)).findings] == [""]
+    assert [f.tensor for f in lint.lint(_write(tmp_path / "c", {**NVFP4, "ignore": ["a"]}, t, experts=0)).findings
+            ] == ["", "weight"]
     assert _findings(_write(tmp_path / "a", None, t, experts=0)) == [
         "unexpected_tensor a (config): holds NVFP4 tensors (input_scale, weight, weight_scale, weight_scale_2) but the "
         "config declares no quantization"]
