@@ -98,15 +98,23 @@ def test_config_findings_stay_among_the_lints_findings(tmp_path):
 
 def test_groups_that_disagree_are_a_config_finding(tmp_path):
     mixed = {**NVFP4, "config_groups": {"a": {"input_activations": None}, "b": {"input_activations": {"x": 1}}}}
-    d, (f,) = lint.declared(_write(tmp_path / "a", mixed, {}))
-    assert d.scheme == "w4a4" and str(f) == (
-        "config.json (config): config_groups disagree (a input_activations null, b input_activations quantized); "
-        "vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4")
+    d, findings = lint.declared(_write(tmp_path / "a", mixed, {}))
+    assert d.scheme == "w4a4" and findings == [Finding(
+        "config", "config.json", "", "config_groups disagree (a input_activations null, b input_activations "
+        "quantized); vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4")]
     ct = {**CT, "config_groups": {"a": {"input_activations": None}, "b": {"input_activations": {"x": 1}}}}
-    d, (f,) = lint.declared(_write(tmp_path / "b", ct, {}))
-    assert d.scheme == "w4a4" and f.message == ("config_groups disagree (a input_activations null, b "
-                                                "input_activations quantized); this lint checks every module "
-                                                "against W4A4")
+    d, findings = lint.declared(_write(tmp_path / "b", ct, {}))
+    assert d.scheme == "w4a4" and findings == [Finding(
+        "config", "config.json", "", "config_groups disagree (a input_activations null, b input_activations "
+        "quantized); this lint checks every module against W4A4")]
+    for groups in ({"a": {"input_activations": None}, "b": {}}, {"a": {"input_activations": {"x": 1}}}):
+        assert lint.declared(_write(tmp_path / "c", {**CT, "config_groups": groups}, {}))[1] == []
+
+
+def test_config_groups_that_are_not_a_mapping_declare_no_group(tmp_path):
+    d, findings = lint.declared(_write(tmp_path, {**CT, "config_groups": [1]}, {}))
+    assert (d.scheme, d.why, findings) == ("weight_only", "config.json format nvfp4-pack-quantized, config_groups "
+                                                          "empty", [])
 
 
 @pytest.mark.parametrize(("qc", "legacy", "error"), [
@@ -121,6 +129,14 @@ def test_groups_that_disagree_are_a_config_finding(tmp_path):
     ({"quant_method": "gptq"}, None, "config.json: quant_method 'gptq' is neither modelopt nor compressed-tensors"),
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
+    ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),
+    ({**NVFP4, "ignore": ["re:("]}, None, "config.json: ignore pattern '(' is not a regular expression (missing ), "
+                                          "unterminated subpattern at position 0)"),
+    ({**CT, "ignore": ["re:(a+)+"]}, None, "config.json: ignore pattern '(a+)+' nests a repeat inside a repeat, "
+                                           "which can backtrack for hours; write it without the nesting"),
+    (None, {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [2]}},
+     "hf_quant_config.json: the ignore list must be a list of strings, got [2]"),
+    (None, {}, "hf_quant_config.json: quant_algo None is not NVFP4; this lint knows NVFP4 only"),
 ])
 def test_a_declaration_this_lint_cannot_read_is_an_error(tmp_path, qc, legacy, error):
     d = _write(tmp_path, qc, {})
@@ -129,6 +145,17 @@ def test_a_declaration_this_lint_cannot_read_is_an_error(tmp_path, qc, legacy, e
     with pytest.raises(LintError) as e:
         lint.declared(d)
     assert str(e.value).endswith(error)
+
+
+def test_config_files_that_are_not_json_objects_are_named(tmp_path):
+    d = _write(tmp_path, None, {})
+    (d / "config.json").write_text("[1]")
+    with pytest.raises(LintError, match=r"/config.json: config.json is list, not an object$"):
+        lint.declared(d)
+    (d / "config.json").write_text("{}")
+    (d / "hf_quant_config.json").write_text("{")
+    with pytest.raises(LintError, match=r"/hf_quant_config.json: cannot read hf_quant_config.json \(Expecting"):
+        lint.declared(d)
 
 
 def test_ignore_lists_come_from_ignore_or_exclude_modules(tmp_path):
@@ -378,14 +405,15 @@ def test_a_u8_weight_alone_makes_a_module_nvfp4(tmp_path):
 
 
 def test_a_tensor_stored_twice_and_the_report_of_findings(tmp_path):
-    d = _write(tmp_path, NVFP4, _module("a"), experts=0)
-    save_file({"a.input_scale": torch.tensor(0.25)}, str(d / "more.safetensors"))
+    d = _write(tmp_path, NVFP4, _module("m.a"), experts=0)
+    save_file({"m.a.input_scale": torch.tensor(0.25)}, str(d / "more.safetensors"))
     report = lint.lint(d)
     assert report.files == 2 and report.tensors == 4
-    assert [str(f) for f in report.findings] == ["a input_scale: stored twice (model.safetensors and "
-                                                 "more.safetensors)"]
+    assert report.findings == [Finding("inconsistent", "m.a", "input_scale",
+                                       "stored twice (model.safetensors and more.safetensors)")]
     assert report.render().splitlines()[3:] == [
-        "FAIL: 1 finding(s) (inconsistent 1)", "  a input_scale: stored twice (model.safetensors and more.safetensors)"]
+        "FAIL: 1 finding(s) (inconsistent 1)",
+        "  m.a input_scale: stored twice (model.safetensors and more.safetensors)"]
 
 
 def test_the_report_counts_findings_per_code_in_order(tmp_path):

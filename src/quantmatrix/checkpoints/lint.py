@@ -208,11 +208,11 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
         fmt = qc.get("format")
         if fmt != "nvfp4-pack-quantized":
             raise LintError(f"{path}/config.json: compressed-tensors format {fmt!r} is not nvfp4-pack-quantized")
-        kinds = {"w4a4" if a == "quantized" else "weight_only" for a in acts.values()}
-        if len(kinds) > 1:
+        quantized = [a == "quantized" for a in acts.values()]
+        if any(quantized) and not all(quantized):
             findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); this lint "
                                     "checks every module against W4A4"))
-        scheme = "w4a4" if "w4a4" in kinds else "weight_only"
+        scheme = "w4a4" if any(quantized) else "weight_only"
         return Declared("compressed-tensors", scheme, f"config.json format {fmt}, {shape}",
                         _ignore_list(qc.get("ignore"), path / "config.json")), findings
     raise LintError(f"{path}/config.json: quant_method {method!r} is neither modelopt nor compressed-tensors")
