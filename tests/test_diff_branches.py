@@ -345,3 +345,65 @@ def test_outcomes_of_junit_results_and_waivers():
     assert read._outcome(_junit(said), WAIVED, late)[:2] == ("failed", said.message)
     assert read._outcome(_junit(Skipped("no GPU")), WAIVED, late)[:2] == ("skipped", "no GPU")
     assert read._outcome(_junit(Failure("x" * 5000)), {}, None)[1] == "x" * read.MESSAGE_CHARS
+
+
+# ------------------------------------------------------------------------------------------- edge cases
+
+
+def test_a_case_without_history_or_a_missing_night_with_a_version():
+    """No `history` key is an empty history; a night the case was missing records no vLLM version even where
+    its carried properties still name one."""
+    assert _diff(_prev({KEY: {"outcome": "passed", "properties": {}}}), _case("passed")).history == "passed"
+    assert _diff(_prev({KEY: _was("missing", vllm_version="0.9")}), _case("passed")).history == "missing"
+
+
+def test_finish_carries_a_missing_case_after_one_that_has_a_result():
+    prev = _prev({KEY: _was("passed", vllm_version="0.11"), OTHER: _was("passed", "failed", arch="sm120")})
+    d = Differ(prev, 7)
+    cases = {KEY: _case("passed")}
+    d.case(cases[KEY])
+    d.finish(cases, [_input("sm121")])
+    carried = cases[OTHER]
+    assert (carried.outcome, carried.own, carried.common, carried.history) == (
+        "missing", {"arch": "sm120"}, {}, "passed failed")
+    assert carried.entry == (f'{json.dumps(OTHER)}:{{"outcome":"missing","properties":{{"arch":"sm120"}},'
+                             '"message":"no result tonight (last result: n3)","history":"passed failed"}')
+
+
+def test_finish_drops_a_case_missing_without_history():
+    cases: dict[str, CaseResult] = {}
+    Differ(_prev({KEY: {"outcome": "missing", "properties": {}}}), 7).finish(cases, [_input("sm121")])
+    assert cases == {}
+
+
+def test_lost_archs_are_sorted_naturally():
+    out = Differ(None, 7, frozenset({"sm100", "sm90", "sm120"})).finish({}, [_input("sm120")])
+    assert out["archs_lost"] == ["sm90", "sm100"]
+
+
+def test_the_nights_window_names_night_and_date():
+    assert Differ(_prev({}, nights=1), 7).nights == [{"night": "n2", "date": "2026-12-02"},
+                                                     {"night": "n1", "date": "2026-12-01"}]
+
+
+def test_load_previous_cuts_long_names_at_100_characters(tmp_path):
+    night = {"night": "n" * 150}
+    with pytest.raises(ReportError) as e:
+        diff.load_previous(_summary(tmp_path, {**GOOD, "nights": [night]}))
+    assert str(e.value).endswith(f"nights[0] is not {{night: str, date: str}}: {str(night)[:100]})")
+    with pytest.raises(ReportError) as e:
+        diff.load_previous(_summary(tmp_path, {**GOOD, "inputs": [{"path": "p" * 150, "common": [],
+                                                                    "properties": {}}]}))
+    assert str(e.value).endswith(f"input {'p' * 100!r} has malformed common or properties)")
+
+
+def test_load_previous_of_a_first_night_with_a_case_without_history(tmp_path):
+    first = {**GOOD, "nights": [], "cases": {KEY: {"outcome": "passed", "properties": {}}}}
+    assert diff.load_previous(_summary(tmp_path, first)).cases[KEY] == {"outcome": "passed", "properties": {}}
+
+
+def test_load_previous_reads_utf8_whatever_the_locale(tmp_path):
+    data = {**GOOD, "cases": {KEY: {"outcome": "passed", "properties": {"label": "café ✓"}}}}
+    p = tmp_path / "summary.json"
+    p.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    assert diff.load_previous(p).cases[KEY]["properties"] == {"label": "café ✓"}
