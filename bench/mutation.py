@@ -32,13 +32,13 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
     "src/quantmatrix/checks/audit.py": ["tests/test_layers_vllm.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
+    "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
     "src/quantmatrix/checks/checkpoint.py": [
         "tests/test_checkpoint_verdicts.py", "tests/test_lint_branches.py",
         *(f"tests/test_factory.py::{t}" for t in (
             "test_bf16_checkpoint_records_the_hf_reference",
             "test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model",
             "test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways"))],
-    "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
 }
 COPY = ("src", "tests", "suites", "matrices", "references", "conftest.py", "pyproject.toml")
 KILLED = {"killed", "timeout"}
