@@ -101,6 +101,13 @@ def test_a_token_ranked_just_past_k_is_not_within_top_k():
     assert [d.within_top_k for d in quality.compare([ours], [theirs], 3)] == [True]
 
 
+def test_k_cuts_each_side_on_its_own():
+    """Our token at rank 3 of theirs fails k = 2 even when theirs is at rank 2 of ours, and the other way round."""
+    near, far = {5: -0.1, 6: -0.2}, {6: -0.1, 7: -0.2, 5: -0.3}
+    assert not quality.first_divergence(0, _out([5], [near]), _out([6], [far]), 2).within_top_k
+    assert not quality.first_divergence(0, _out([6], [far]), _out([5], [near]), 2).within_top_k
+
+
 def test_exact_fails_even_where_each_token_tops_the_others_list():
     """Logprobs where each run ranks the other's token first (k = 1 would call it a near-tie): exact still fails."""
     a, b = _out([1], [{2: -0.1, 1: -0.5}]), _out([2], [{1: -0.1, 2: -0.5}])
