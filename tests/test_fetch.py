@@ -18,6 +18,7 @@ from quantmatrix.schema.load import load
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = "89abcdef0123456789abcdef0123456789abcdef"
 TWO_HUB = SMALL.replace(
+    "version: 1\n", "version: 1\nallow_floating_revisions: true  # `main` on purpose\n", 1).replace(
     "    source: {synthetic: {model: qwen3_moe}}\n    producer: modelopt\n    scheme: nvfp4_weight_only\n",
     "    source: {hub: org/wo-nvfp4, revision: main}\n    producer: modelopt\n    scheme: nvfp4_weight_only\n"
     "    size_gb: 2\n",

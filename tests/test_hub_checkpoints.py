@@ -4,6 +4,8 @@ The HF cache is a temp directory in the layout huggingface_hub writes; CUDA quer
 
 from __future__ import annotations
 
+from xml.etree import ElementTree as ET
+
 import pytest
 from matrixkit import SMALL
 
@@ -11,6 +13,7 @@ from quantmatrix.host import detect
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HUB_MATRIX = SMALL.replace(
+    "version: 1\n", "version: 1\nallow_floating_revisions: true  # `main` on purpose\n", 1).replace(
     "    source: {synthetic: {model: qwen3_moe}}\n    producer: modelopt\n    scheme: nvfp4_weight_only",
     "    source: {hub: example/moe-nvfp4, revision: main}\n    producer: modelopt\n    scheme: nvfp4_weight_only",
 )
@@ -67,8 +70,13 @@ def test_strict_checkpoints_fails_an_absent_hub_checkpoint(suite):
 def test_strict_checkpoints_passes_a_cached_hub_checkpoint(suite, tmp_path):
     """In the cache, the case gets the snapshot directory, strict or not: nothing is downloaded at test time."""
     _cache(tmp_path)
-    result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe and tiny-wo", "--strict-checkpoints")
+    result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe and tiny-wo", "--strict-checkpoints",
+                             "--junitxml", "j.xml", "-o", "junit_family=xunit1")
     result.assert_outcomes(passed=6)
+    cases = ET.parse(suite.path / "j.xml").getroot().iter("testcase")
+    props = [{p.get("name"): p.get("value") for p in case.iter("property")} for case in cases]
+    assert len(props) == 6
+    assert all((p["checkpoint_revision"], p["checkpoint_snapshot"]) == ("main", COMMIT) for p in props)
 
 
 def test_strict_checkpoints_leaves_gpu_skips_to_strict_hardware(suite):

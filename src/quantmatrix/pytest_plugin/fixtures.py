@@ -76,9 +76,11 @@ def judge(record_property: Callable[[str, object], None]) -> Callable[..., None]
 
 
 @pytest.fixture
-def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_session: Session) -> Path:
+def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_session: Session,
+                   record_property: Callable[[str, object], None]) -> Path:
     """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out
-    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage)."""
+    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage).
+    A hub checkpoint's case records the revision asked for and the snapshot (commit) it read."""
     ck = cell.checkpoint
     key = ("checkpoint", ck.id)
     if key not in quantmatrix_session.memo:
@@ -88,7 +90,11 @@ def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_sessi
             if quantmatrix_settings.strict_checkpoints:
                 pytest.fail(f"--strict-checkpoints: {e}", pytrace=False)
             pytest.skip(str(e))
-    return quantmatrix_session.memo[key]
+    path = quantmatrix_session.memo[key]
+    if ck.source.kind == "hub":  # resolve_hub returns snapshots/<commit>
+        record_property("checkpoint_revision", ck.source.value[1])
+        record_property("checkpoint_snapshot", path.name)
+    return path
 
 
 @pytest.fixture
