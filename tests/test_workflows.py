@@ -151,6 +151,10 @@ def test_ci_runs_the_one_ci_script_cancels_superseded_runs_and_uploads():
     for command in ("bash setup.sh", ".venv/bin/quantmatrix report reports/ci", ".venv/bin/python -m pytest tests",
                     ".venv/bin/ruff check src tests suites bench"):
         assert command in script
+    setup = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/setup-python@"))
+    assert setup["with"]["cache"] == "pip"
+    cache = _step(job, "Cache the synthetic checkpoints")
+    assert cache["uses"].startswith("actions/cache@") and cache["with"]["path"] == ".cache/quantmatrix/checkpoints"
     uploads = {s["with"]["name"]: s["with"]["path"] for s in job["steps"]
                if s.get("uses", "").startswith("actions/upload-artifact@")}
     assert uploads == {"junit-cpu": "reports/ci/*.xml", "report-cpu": "reports/ci/report/"}

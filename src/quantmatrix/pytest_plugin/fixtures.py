@@ -22,6 +22,7 @@ from quantmatrix.checkpoints.lint import LintReport
 from quantmatrix.checks.audit import AuditReport
 from quantmatrix.checks.checkpoint import LogitError
 from quantmatrix.checks.verdict import Verdict
+from quantmatrix.engine.observed import Observation
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.host.probe import Seen
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
@@ -172,6 +173,17 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
         return kernel.kernel_format(layer)
 
     return quantmatrix_session.once(("kernel_format", checkpoint_dir, cell.arch.name), run)
+
+
+@pytest.fixture
+def observed_reads(cell: Cell, engine_checkpoint: Any, vllm: Any, quantmatrix_session: Session) -> Observation:
+    """What the cell's backend really reads, measured on this host's GPU with the checkpoint the engine runs (a
+    synthetic one's GPU-sized twin), once per (checkpoint, arch)."""
+    from quantmatrix.engine import observed
+
+    path = engine_checkpoint.path
+    return quantmatrix_session.once(("observed_reads", path, cell.arch.name),
+                                    lambda: observed.measure(path, cell.arch.capability))
 
 
 @pytest.fixture
