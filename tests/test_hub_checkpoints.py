@@ -83,3 +83,33 @@ def test_strict_checkpoints_leaves_gpu_skips_to_strict_hardware(suite):
     """The two options are separate: an absent GPU still skips under --strict-checkpoints alone."""
     result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--strict-checkpoints")
     result.assert_outcomes(skipped=6)
+
+
+CONFIG_SUITE = """
+def test_cpu_probe(cell, config_dir, record_property):
+    record_property("config_dir", str(config_dir))
+
+def test_gpu_probe(cell, checkpoint_dir):
+    pass
+"""
+
+
+def test_a_runner_too_small_to_serve_a_checkpoint_checks_its_configs_and_skips_its_files(
+        suite, tmp_path, monkeypatch):
+    """One GB10 and a checkpoint that needs two: the runner holds only its config files (what `quantmatrix
+    fetch` leaves there). Config-level cases read them; file-level ones skip, naming both GPU counts, and do not
+    fail even under --strict-checkpoints (the weights are missing on purpose)."""
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: [detect.Device(0, "NVIDIA GB10", (12, 1))])
+    suite.makefile(".yaml", m=HUB_MATRIX.replace("    scheme: nvfp4_weight_only", "    scheme: nvfp4_weight_only\n"
+                                                 "    gpus: 2", 1))
+    suite.makepyfile(test_suite=CONFIG_SUITE)
+    _cache(tmp_path)
+    (tmp_path / "hub" / "models--example--moe-nvfp4" / "snapshots" / COMMIT / "model.safetensors").unlink()
+    result = suite.runpytest("--matrix", "m.yaml", "-k", "tiny-wo and sm121", "--strict-checkpoints", "-rs",
+                             "--junitxml", "j.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*tiny-wo needs 2 GPUs of sm121 (GB10 / DGX Spark); this host has 1, so this "
+                                 "runner holds only its config files*"])
+    dirs = {p.get("value") for p in ET.parse(suite.path / "j.xml").getroot().iter("property")
+            if p.get("name") == "config_dir"}
+    assert dirs == {str(tmp_path / "hub" / "models--example--moe-nvfp4" / "snapshots" / COMMIT)}
