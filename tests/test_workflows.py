@@ -272,3 +272,26 @@ def test_the_merge_step_records_the_report_exit_status_with_quantmatrix_faked(tm
     (tmp_path / "nightly" / "previous" / "summary.json").write_text("{}")
     _bash(script, tmp_path, env)
     assert (tmp_path / "args").read_text().endswith(" --previous nightly/previous/summary.json\n")
+
+
+@pytest.mark.parametrize("leftover", ["", "4242\n4343\n"])
+def test_the_arch_job_stops_only_its_own_leftover_engine_processes_with_pgrep_and_kill_faked(tmp_path, leftover):
+    """Before a job, this runner user's leftover engine children are stopped (TERM, then KILL); pgrep is asked for
+    the runner user's processes only, and an empty answer stops nothing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pgrep").write_text(f'#!/bin/sh\necho "$*" >> pgrep-calls\nprintf "{leftover}"\n')
+    (bin_dir / "kill").write_text('#!/bin/sh\necho "$*" >> kill-calls\n')
+    (bin_dir / "sleep").write_text("#!/bin/sh\n")
+    for exe in bin_dir.iterdir():
+        exe.chmod(0o755)
+    script = _step(_workflow("nightly-arch.yml")["jobs"]["gpu"], "Stop engine processes")["run"]
+    proc = _bash(script, tmp_path, {"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    pattern = "quantmatrix[.]engine[.]child|VLLM::EngineCore"
+    assert (tmp_path / "pgrep-calls").read_text() == f"-u {os.getuid()} -f {pattern}\n"
+    if leftover:
+        assert (tmp_path / "kill-calls").read_text().splitlines() == ["-TERM 4242 4343", "-KILL 4242 4343"]
+        assert "::warning::stopping leftover engine processes: 4242 4343" in proc.stdout
+    else:
+        assert not (tmp_path / "kill-calls").exists()
