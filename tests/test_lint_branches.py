@@ -241,6 +241,13 @@ def test_packed_inputs_must_be_whole_blocks_of_16(tmp_path):
         "bad_shape model.x weight: is [4, 12]: 24 inputs, not whole blocks of 16 (one E4M3 scale per 16 inputs)"]
 
 
+def test_one_block_of_16_inputs_is_whole(tmp_path):
+    t = _module("m")
+    t["m.weight"] = torch.zeros(4, 8, dtype=torch.uint8)
+    t["m.weight_scale"] = torch.ones(4, 1).to(torch.float8_e4m3fn)
+    assert _findings(_write(tmp_path, NVFP4, t, experts=0)) == []
+
+
 def test_a_missing_global_scale_does_not_hide_a_bad_input_scale(tmp_path):
     t = _module("a", input_scale=float("inf"))
     del t["a.weight_scale_2"]
