@@ -107,3 +107,22 @@ def test_the_digest_sees_names_dtypes_shapes_and_bytes():
     for other in ({"y": torch.zeros(2, dtype=torch.bfloat16)}, {"x": torch.zeros(2, dtype=torch.float16)},
                   {"x": torch.zeros(1, 2, dtype=torch.bfloat16)}, {"x": torch.ones(2, dtype=torch.bfloat16)}):
         assert checkpoint.digest(other) != same
+
+
+def test_lint_verdict_fails_on_an_unexpected_finding_and_lists_each(matrix):
+    from quantmatrix.checkpoints.lint import Finding
+
+    found = [Finding("bad_value", "m.a", "input_scale", "is inf"), Finding("bad_dtype", "m.b", "weight", "is F32")]
+    report = LintReport(Path("ck"), Declared("modelopt", "w4a4", "why", ()), 9, 1, 3, found)
+    v = checkpoint.lint_verdict(case_for(matrix, W4A4, "checkpoint_lint"), report)
+    assert v.problem.splitlines()[:3] == ["lint: unexpected findings ['bad_dtype', 'bad_value']",
+                                          "  bad_value: m.a input_scale: is inf", "  bad_dtype: m.b weight: is F32"]
+    assert v.properties == [("lint_declared", "modelopt w4a4"), ("lint_findings", 2)]
+
+
+def test_the_bf16_model_of_a_synthetic_checkpoint_is_its_family_base(matrix, monkeypatch):
+    monkeypatch.setattr(checkpoint, "materialize_spec", lambda spec, label: (spec, label))
+    ck = next(c for c in matrix.checkpoints if c.id == W4A4)
+    spec, label = checkpoint.base_dir(ck)
+    assert (spec.producer, spec.scheme, spec.model, spec.seed) == ("none", "bf16", "qwen3_moe", 0)
+    assert label == f"base-qwen3_moe-{spec.size}-seed0"
