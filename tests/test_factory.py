@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from quantmatrix import cli
-from quantmatrix.checkpoints import configs, lint, make, nvfp4, store
+from quantmatrix.checkpoints import base, configs, lint, make, nvfp4, store
 from quantmatrix.checkpoints.base import LAYOUTS, REFERENCE_FILE
 from quantmatrix.checks import checkpoint as verify
 from quantmatrix.errors import MatrixError, QuantmatrixError
@@ -196,6 +196,10 @@ def test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model(tmp_p
     assert problem.startswith("greedy output of the model loaded from its files differs from the same weights' "
                               "in-memory model (never saved):")
     assert "in memory [" in problem and "from the files [" in problem
+    assert all(row.startswith("  '") for row in problem.splitlines()[1:]) and len(problem.splitlines()) > 2
+    (ck / "tokenizer.json").write_text(base.tokenizer_files(300)["tokenizer.json"])
+    assert verify.hf_reference(ck, spec) == ([], "tokenizer.json on disk encodes the prompts differently from the "
+                                                 "tokenizer the factory trains")
 
 
 def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, monkeypatch):
