@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import platform
+import re
+from collections.abc import Sequence
 from functools import cache
+from typing import Any
+
+from quantmatrix.errors import AdapterMismatch
 
 
 def _dist_version(*names: str) -> str:
@@ -50,3 +56,45 @@ def vllm_missing_reason() -> str | None:
     except ImportError as e:
         return f"vLLM is not importable here ({e})"
     return None
+
+
+# The oldest vLLM release the adapter was measured on (docs/matrix.md, "Supported vLLM"). Every ranged name in the
+# adapter starts there, so an older vLLM fails loudly instead of being half understood.
+OLDEST = "0.28.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One version-specific name (or fact) and the vLLM releases it holds for: `since` <= release < `before`
+    (`before` None: still current as far as measured; a newer vLLM that moved it fails where it is used)."""
+
+    value: Any
+    since: str = OLDEST
+    before: str | None = None
+
+    def covers(self, version: tuple[int, ...]) -> bool:
+        return release(self.since) <= version and (self.before is None or version < release(self.before))
+
+    def describe(self) -> str:
+        return f"{self.since} <= vLLM < {self.before}" if self.before else f"vLLM >= {self.since}"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release a version string names (0.34.1.dev12+gabc, 0.35.0rc1 -> (0, 34, 1), (0, 35, 0)): a nightly or
+    a release candidate counts as the release it leads to."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    if match is None:
+        raise AdapterMismatch(f"vLLM version {version!r} is not a release number quantmatrix can read")
+    return tuple(int(part) for part in match.group().split("."))
+
+
+def pick(what: str, spans: Sequence[Span], where: str, version: str | None = None) -> Any:
+    """The value of the span that covers the installed vLLM (or `version`); none -> AdapterMismatch naming both."""
+    installed = version or versions()["vllm_version"]
+    number = release(installed)
+    for span in spans:
+        if span.covers(number):
+            return span.value
+    known = "; ".join(span.describe() for span in spans)
+    raise AdapterMismatch(f"vLLM {installed}: quantmatrix knows {what} only for {known}; update "
+                          f"quantmatrix/adapter/{where}")
