@@ -70,6 +70,17 @@ def test_a_name_table_picks_by_release_and_fails_loudly_outside_every_range():
         pick("x", table, "layers.py", "0.27.1")
 
 
+def test_a_vllm_older_than_the_adapter_knows_is_broken_for_the_health_check(monkeypatch):
+    """Every health step asks first, so each part needing vLLM fails with one named cause (never a skip)."""
+    from quantmatrix.adapter import health
+    from quantmatrix.adapter.versions import versions
+
+    monkeypatch.setitem(versions(), "vllm_version", "0.27.1")
+    with pytest.raises(AdapterMismatch, match=r"vLLM 0\.27\.1: quantmatrix knows the adapter only for vLLM >= "
+                                              r"0\.28\.0; update quantmatrix/adapter/versions\.py \(OLDEST\)"):
+        health._step("vllm.config")
+
+
 def test_weight_only_view_recorded_from_the_constructor_argument_as_for_vllm_0_28(monkeypatch, tmp_path):
     """compressed-tensors' NVFP4 MoE method kept use_a16 only as an argument before 0.29: read under those rules,
     the installed vLLM's argument gives the same answer as its attribute, for weight-only and W4A4 alike."""

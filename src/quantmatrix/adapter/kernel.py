@@ -15,10 +15,11 @@ from quantmatrix.errors import AdapterMismatch
 ALPHAS = ("g1_alphas", "g2_alphas")
 ACTIVATION_SCALES = ("a1_gscale", "a2_gscale")
 # What a conversion that needs CUDA raises on a CPU-only host (torch, vLLM's _C ops, the driver).
-# (The CUDA build on a CPU host: its platform has no num_compute_units, flashinfer wants a cuda device.)
+# (The CUDA build on a CPU host: its platform has no num_compute_units, flashinfer wants a cuda device, humming
+# enters torch.cuda.device.)
 CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' object has no attribute",
              "No CUDA GPUs are available", "Found no NVIDIA driver", "num_compute_units is not implemented",
-             "device must be a cuda device")
+             "device must be a cuda device", "invalid argument to exchangeDevice")
 
 
 @dataclasses.dataclass(frozen=True)

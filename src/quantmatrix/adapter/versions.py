@@ -61,7 +61,9 @@ def vllm_missing_reason() -> str | None:
 
 
 # The oldest vLLM release the adapter was measured on (docs/matrix.md, "Supported vLLM"). Every ranged name in the
-# adapter starts there, so an older vLLM fails loudly instead of being half understood.
+# adapter starts there, so an older vLLM fails loudly instead of being half understood. A name that changed within
+# the supported releases has a table of Spans beside the code that uses it (layers._USE_A16, simulate._OPTIONAL);
+# every other name in the adapter holds for every supported release, which SUPPORTED states.
 OLDEST = "0.28.0"
 
 
@@ -100,3 +102,11 @@ def pick(what: str, spans: Sequence[Span], where: str, version: str | None = Non
     known = "; ".join(span.describe() for span in spans)
     raise AdapterMismatch(f"vLLM {installed}: quantmatrix knows {what} only for {known}; update "
                           f"quantmatrix/adapter/{where}")
+
+
+SUPPORTED = (Span("every name in quantmatrix/adapter without a table of its own"),)
+
+
+def require_supported(version: str | None = None) -> None:
+    """AdapterMismatch for a vLLM older than every release the adapter knows (the health check asks first)."""
+    pick("the adapter", SUPPORTED, "versions.py (OLDEST)", version)
