@@ -19,6 +19,7 @@ from packaging.version import Version
 from quantmatrix.bisect import candidates as cand
 from quantmatrix.bisect.repack import repack
 from quantmatrix.bisect.session import Bisect, Plan, default_recipe
+from quantmatrix.bisect.summary import range_from_report
 from quantmatrix.bisect.venvs import Sources, VenvCache
 from quantmatrix.cli import main
 from quantmatrix.errors import BisectError
@@ -27,16 +28,18 @@ from quantmatrix.errors import BisectError
 # raises: an error in setup), "uninstallable" (requires a package no index has).
 SUITE = '''
 import pytest
-import vllm
 
 
 @pytest.fixture
 def measured():
-    return vllm.resolve_scheme()
+    import vllm  # at run time, as the real checks do: collecting the case imports no vLLM
+
+    return vllm.__version__, vllm.resolve_scheme()  # raising here is an error in setup, not a failure
 
 
 def test_dispatch(measured):
-    assert measured == "weight_only", f"vllm {vllm.__version__} routed the weight-only checkpoint to {measured}"
+    version, scheme = measured
+    assert scheme == "weight_only", f"vllm {version} routed the weight-only checkpoint to {scheme}"
 '''
 
 
@@ -255,3 +258,29 @@ def test_cli_usage_errors_exit_2(capsys):
     assert "give --good and --bad" in capsys.readouterr().err
     assert main(["bisect", "not-a-case-id", "--good", "0.28.0", "--bad", "0.29.0", "--commits"]) == 2
     assert main(["bisect", "x::y", "--good", "nope", "--bad", "0.29.0"]) == 2
+
+
+def test_from_report_takes_the_range_a_real_report_names(junit_suite, tmp_path, capsys):
+    """Night 1 passes on 0.11.1, night 2 fails on 0.11.2.dev5: the report's bisect range is the bisect's."""
+    from test_report_diff import KEY_A, Nights, fail
+
+    nights = Nights(junit_suite, tmp_path)
+    cell = KEY_A.split("[")[1][:-1]
+    nights.run({"cells": [cell], "vllm": "0.11.1"})
+    nights.run({"cells": [cell], "outcomes": fail(cell), "vllm": "0.11.2.dev5"})
+    summary = nights.previous
+    r = range_from_report(summary, KEY_A)
+    assert (str(r.good), str(r.bad)) == ("0.11.1", "0.11.2.dev5")
+    nights.run({"cells": [cell], "outcomes": fail(cell), "vllm": "0.11.2.dev5"})
+    with pytest.raises(BisectError, match="no bisect range .*'failed', not a new failure"):
+        range_from_report(nights.previous, KEY_A)  # still failing: the range was last night's
+    with pytest.raises(BisectError, match="no case"):
+        range_from_report(summary, "test_suite::test_config_dispatch[nope]")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["bisect", KEY_A, "--from-report", str(nights.previous), "--wheels", str(empty)]) == 2
+    assert "has no bisect range" in capsys.readouterr().err
+    assert main(["bisect", KEY_A, "--from-report", str(summary), "--wheels", str(empty)]) == 2
+    said = capsys.readouterr()
+    assert "names the range: last passed on 0.11.1, failed on 0.11.2.dev5" in said.out
+    assert "not a case in" in said.err  # the report's fake suite is no case of this checkout

@@ -61,7 +61,7 @@ def _part(module: str) -> str:
 
 
 def test_imports_run_down_the_data_path():
-    """schema -> host -> adapter -> checkpoints -> engine -> checks -> plugin / report -> bisect -> cli, never back up."""
+    """schema -> host -> adapter -> checkpoints -> engine -> checks -> plugin / report -> bisect -> cli, never up."""
     wrong = []
     for module, targets in GRAPH.items():
         here = _part(module)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -46,6 +47,21 @@ def node_id(case_id: str) -> str:
     if not path.endswith(".py"):
         path = path.replace(".", "/") + ".py"
     return f"{path}::{rest}"
+
+
+def require_case(root: Path, case_id: str, timeout_s: float = 300.0) -> None:
+    """The case exists in `root`'s suites (collected here, which imports no vLLM): a typo is a usage error before
+    anything is installed, not a "not run" in every venv."""
+    nodeid = node_id(case_id)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", nodeid]
+    try:
+        r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise BisectError(f"collecting {nodeid} in {root} took over {timeout_s:.0f} s") from None
+    if r.returncode != 0 or nodeid not in r.stdout:
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+        raise BisectError(f"{nodeid}: not a case in {root} (pytest --collect-only: {tail}); "
+                          "`quantmatrix list` names the cells")
 
 
 def run_case(python: Path, root: Path, case_id: str, timeout_s: float, log: Path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
+import sys
 import zipfile
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def repack(name: str, out_dir: Path) -> Path:
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
-        raise BisectError(f"{name} is not installed in {Path(__file__).parents[3]}'s environment") from None
+        raise BisectError(f"{name} is not installed in {sys.prefix}") from None
     stem = f"{canonicalize_name(dist.metadata['Name']).replace('-', '_')}-{dist.version}"
     info = f"{stem}.dist-info"
     base = Path(str(dist.locate_file("")))

@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from quantmatrix.atomic import dump_json, write_atomic
 from quantmatrix.bisect import candidates as cand
-from quantmatrix.bisect.check import BAD, GOOD, SKIP, Outcome, node_id, run_case
+from quantmatrix.bisect.check import BAD, GOOD, SKIP, Outcome, node_id, require_case, run_case
 from quantmatrix.bisect.repack import repack
 from quantmatrix.bisect.search import Found, search
 from quantmatrix.bisect.venvs import InstallFailed, Recipe, Sources, VenvCache
@@ -126,7 +126,7 @@ class Bisect:
         p = self.plan
         if p.good == p.bad:
             raise BisectError(f"--good and --bad are the same release ({p.good}): nothing to bisect")
-        node_id(p.case_id)  # a malformed case id fails before anything is installed
+        require_case(p.root, p.case_id)  # a malformed or unknown case fails before anything is installed
         releases = self.releases()
         old = GOOD if p.good < p.bad else BAD
         self.say(f"{len(releases)} candidate releases of {p.package}: {', '.join(map(str, releases))}")

@@ -72,6 +72,8 @@ def _range(args: argparse.Namespace) -> tuple[Version, Version, str | None]:
             raise BisectError("give --good and --bad, or --from-report SUMMARY")
         return args.good, args.bad, None
     r = range_from_report(args.from_report, args.case)
+    print(f"quantmatrix bisect: {args.from_report} names the range: last passed on {r.good}, failed on {r.bad}",
+          flush=True)
     return args.good or r.good, args.bad or r.bad, r.package
 
 
