@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from quantmatrix.bisect import candidates as cand
+from quantmatrix.bisect.check import read_junit
 from quantmatrix.bisect.repack import repack
 from quantmatrix.bisect.session import Bisect, Plan, default_recipe
 from quantmatrix.bisect.summary import range_from_report
@@ -284,3 +285,21 @@ def test_from_report_takes_the_range_a_real_report_names(junit_suite, tmp_path, 
     said = capsys.readouterr()
     assert "names the range: last passed on 0.11.1, failed on 0.11.2.dev5" in said.out
     assert "not a case in" in said.err  # the report's fake suite is no case of this checkout
+
+
+def test_a_case_failed_by_the_vllm_health_gate_gives_no_verdict(pytester):
+    """The health gate fails every case when the vLLM under test does not import: that release is skipped."""
+    pytester.makepyfile(test_gate='''
+        def test_case(record_property):
+            record_property("vllm_health", "broken")
+            raise AssertionError("vLLM under test broken: import vllm.config failed")
+
+        def test_green(record_property):
+            record_property("resolved_scheme", "weight_only")
+    ''')
+    pytester.runpytest("-p", "no:quantmatrix", "-p", "no:quantmatrix_e2e", "--junitxml=j.xml")
+    got = read_junit(pytester.path / "j.xml", "test_gate.py::test_case")
+    assert (got.verdict, got.outcome) == ("skip", "vllm broken") and "vllm.config" in got.message
+    green = read_junit(pytester.path / "j.xml", "test_gate.py::test_green")
+    assert green.verdict == "good" and green.describe() == "passed: resolved_scheme=weight_only"
+    assert read_junit(pytester.path / "j.xml", "test_gate.py::test_gone").outcome == "not run"

@@ -59,8 +59,8 @@ class Sources:
             args += ["--extra-index-url", url]
         for link in self.find_links:
             args += ["--find-links", link]
-        if self.extra_index_urls or self.find_links:
-            args += ["--index-strategy", "unsafe-best-match"]  # a pinned local torch build beside the index
+        if self.extra_index_urls and not self.no_index:
+            args += ["--index-strategy", "unsafe-best-match"]  # e.g. torch's +cpu builds on a second index
         return args + (["--offline"] if self.offline else [])
 
 
