@@ -199,7 +199,7 @@ def test_commits_narrow_a_release_pair_to_a_per_commit_build(tmp_path, suite, re
                                               for i, s in enumerate(shas)})
     index = simple_index(tmp_path / "nightly-simple", nightly)
     record, code, out = bisect(tmp_path, suite, recipe, deps, "0.1.0", "0.3.0", wheels=wheels,
-                               commit_index=index)
+                               commit_index=index + "/{package}/")  # a template, as the option allows
     c = record["commits"]
     assert code == 0 and c["status"] == "found" and c["first_commit"] == "c3d4e5f"
     assert c["last_unchanged"]["version"] == "0.2.0.dev1+gb2c3d4e" and "(commit c3d4e5f)" in out

@@ -114,10 +114,9 @@ class Bisect:
             self.say(f"--commits: {url} has no per-commit build between {found.last_old} and {found.first_new}")
             return None
         self.say(f"--commits: {len(builds)} per-commit builds between {found.last_old} and {found.first_new}")
-        if p.sources.no_index:  # air-gapped: the commit index is the only index, beside the wheel folders
-            sources = dataclasses.replace(p.sources, no_index=False, index_url=p.commit_index)
-        else:
-            sources = dataclasses.replace(p.sources, extra_index_urls=(*p.sources.extra_index_urls, p.commit_index))
+        # the project page is a page of links: uv reads it as find-links, whatever the index's layout
+        page = url + "index.html" if url.startswith("file:") and url.endswith("/") else url
+        sources = dataclasses.replace(p.sources, find_links=(*p.sources.find_links, page))
         ends = [found.last_old, found.first_new]
         known = {v: found.outcomes[v] for v in ends}
         return search([ends[0], *builds, ends[1]], old, lambda v: self.test(v, sources), known)
