@@ -3,7 +3,7 @@
 Exit status: 0 the release (and, with --commits, the per-commit build) was named; 1 it could not be: an end of
 the range did not show its stated verdict, or only releases that gave no verdict (install failed, case errored)
 lie between the last unchanged and the first changed one; 2 bad input (an unknown release, case, index or
-report); 3 an internal error.
+report); 3 an internal error; 130 interrupted (Ctrl-C), with no half-made venv kept.
 """
 
 from __future__ import annotations
@@ -98,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="quantmatrix-bisect-") as work:
         plan = Plan(args.case, package, good, bad, root, sources, default_recipe(package, Path(work)), record,
                     record.with_suffix(".log"), wheels, args.commit_index if args.commits else None, args.timeout)
-        _, code = Bisect(plan, VenvCache(cap_gb=args.cache_cap)).run()
+        try:
+            _, code = Bisect(plan, VenvCache(cap_gb=args.cache_cap)).run()
+        except KeyboardInterrupt:  # the venv being built was removed on the way out; finished ones stay cached
+            print("quantmatrix bisect: interrupted; no half-made venv was kept, no record written", file=sys.stderr)
+            return 130
     print(f"quantmatrix bisect: record {record}")
     return code
