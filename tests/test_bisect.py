@@ -303,3 +303,19 @@ def test_a_case_failed_by_the_vllm_health_gate_gives_no_verdict(pytester):
     green = read_junit(pytester.path / "j.xml", "test_gate.py::test_green")
     assert green.verdict == "good" and green.describe() == "passed: resolved_scheme=weight_only"
     assert read_junit(pytester.path / "j.xml", "test_gate.py::test_gone").outcome == "not run"
+
+
+def test_the_cli_runs_the_real_case_and_a_fake_vllm_is_no_verdict(tmp_path, deps, monkeypatch, capsys):
+    """The real defaults: this checkout's suites, the real case id, the plugin's vLLM health gate. A fake vLLM
+    has no `vllm.config`, so the gate fails the case: both ends give no verdict and the bisect says so."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    wheels = releases(tmp_path / "wheels", {"0.1.0": "weight_only", "0.2.0": "w4a4"})
+    case = "suites/test_dispatch.py::test_config_dispatch[qwen3moe-tiny-nvfp4-weight-only@sm121-default]"
+    record = tmp_path / "r.json"
+    code = main(["bisect", case, "--good", "0.1.0", "--bad", "0.2.0", "--package", "vllm", "--wheels",
+                 str(wheels), "--find-links", str(deps), "--offline", "--record", str(record)])
+    out = capsys.readouterr().out
+    assert code == 1 and "0.2.0 was stated bad but gives no verdict (vllm broken" in out
+    data = json.loads(record.read_text())
+    assert data["installs"] == 1 and data["tested"][0]["outcome"] == "vllm broken"
+    assert [p.name[:10] for p in (tmp_path / "cache" / "bisect" / "venvs").iterdir()] == ["vllm-0.2.0"]
