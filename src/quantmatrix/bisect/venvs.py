@@ -133,9 +133,14 @@ class VenvCache:
             mark = {"package": package, "version": version, "python": self.tag, "built": time.time(),
                     "bytes": _size(venv)}
             write_atomic(venv / _MARK, dump_json(mark))
-            if final.exists():  # a stale, unmarked leftover of an older layout
+            if final.exists() and not (final / _MARK).is_file():  # an unmarked leftover: never a cached venv
                 shutil.rmtree(final)
-            os.rename(venv, final)  # the one step that makes it count as cached
+            try:
+                os.rename(venv, final)  # the one step that makes it count as cached
+            except OSError:
+                if self.cached(package, version) is None:
+                    raise
+                # another bisect finished the same venv first: use its, drop this one with the temp dir
             return final
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
