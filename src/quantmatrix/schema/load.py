@@ -7,6 +7,7 @@ misspelt name, the closest valid one.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from quantmatrix.schema.model import (
     Waiver,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
-from quantmatrix.schema.vocab import PRODUCERS, ROLES, TIERS, VLLM_PARTS
+from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, ROLES, TIERS, VLLM_PARTS
 from quantmatrix.schema.yamldoc import (
     Doc,
     Field,
@@ -65,6 +66,8 @@ _TOP = {
     "moe_backends": _nodes("MoE kernel backends and what they read", required=False),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
+    "allow_floating_revisions": Field(as_bool, "accept a hub revision that is a branch or tag (default false: "
+                                      "every hub revision a 40-hex commit)", required=False, default=False),
 }
 
 
@@ -240,6 +243,17 @@ def _checkpoints(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, S
     return tuple(_checkpoint(doc, node, i, schemes, seen) for i, node in enumerate(nodes))
 
 
+def _check_pinned(checkpoints: tuple[Checkpoint, ...]) -> None:
+    """A branch or tag moves under the nightly: yesterday's references and today's run would test different
+    weights, and JUnit could not say which. Pinning is the default; a matrix opts out by name."""
+    for c in checkpoints:
+        if c.source.kind == "hub" and not re.fullmatch(HUB_COMMIT, c.source.value[1]):
+            repo, revision = c.source.value
+            raise MatrixError(f"{c.source.where}: checkpoint {c.id!r}: revision {revision!r} of {repo} is a "
+                              "floating ref (a branch or tag, `main` when absent); pin the 40-hex commit it "
+                              "resolves to, or set `allow_floating_revisions: true` at the top of the matrix")
+
+
 def _backends(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, MoeBackend]:
     seen: dict[str, str] = {}
     backends: dict[str, MoeBackend] = {}
@@ -332,6 +346,8 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     schemes = _schemes(doc, top["schemes"])
     checks, narrowed = _checks(doc, top["checks"], schemes)
     checkpoints = _checkpoints(doc, top["checkpoints"], schemes)
+    if not top["allow_floating_revisions"]:
+        _check_pinned(checkpoints)
     backends = _backends(doc, top["moe_backends"])
     _check_per_arch(archs, schemes, checkpoints, backends)
     sel = _Selectors(doc, {
