@@ -64,7 +64,7 @@ def test_a_name_table_picks_by_release_and_fails_loudly_outside_every_range():
     table = (Span("argument", before="0.29.0"), Span("attribute", since="0.29.0"))
     assert [pick("x", table, "layers.py", v) for v in ("0.28.0", "0.28.9", "0.29.0", "0.34.1.dev12+gabc")] == [
         "argument", "argument", "attribute", "attribute"]
-    assert release("0.35.0rc1") == (0, 35, 0)
+    assert (release("0.35.0rc1"), release("0.28")) == ((0, 35, 0), (0, 28, 0))
     with pytest.raises(AdapterMismatch, match=r"vLLM 0\.27\.1: quantmatrix knows x only for 0\.28\.0 <= vLLM < "
                                               r"0\.29\.0; vLLM >= 0\.29\.0; update quantmatrix/adapter/layers\.py"):
         pick("x", table, "layers.py", "0.27.1")

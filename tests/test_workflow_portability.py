@@ -50,8 +50,10 @@ SPECS = {
                          "--torch-backend", "cpu"],
     ("cuda", "oldest"): [f"vllm=={OLDEST}"],
     ("cuda", "newest"): ["vllm"],
-    ("cuda", "nightly"): ["vllm", "--pre", "--extra-index-url", "https://wheels.vllm.ai/nightly"],
+    ("cuda", "nightly"): ["https://example.org/vllm-0.35.0.dev5+gabc1234-cp38-abi3-manylinux_2_28_x86_64.whl"],
 }
+# what .github/scripts/vllm_plan.py "" prints for the nightly (its own tests are tests/test_vllm_plan.py)
+PLAN = f"kind=nightly\nversion=0.35.0.dev5+gabc1234\nx86_64={SPECS[('cuda', 'nightly')][0]}\naarch64=elsewhere\n"
 
 
 @pytest.mark.parametrize(("build", "release"), sorted(SPECS))
@@ -66,9 +68,11 @@ def test_the_install_step_installs_each_vllm_then_quantmatrix_with_python_and_uv
         (bin_dir / tool).write_text('#!/bin/sh\necho "$0 $*" >> "$CALLS"\n'
                                     'mkdir -p .venv/bin && { [ -e .venv/bin/python ] || cp "$0" .venv/bin/python; }\n')
         (bin_dir / tool).chmod(0o755)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\n[ "$1 $2" = ".github/scripts/vllm_plan.py " ] && printf "{PLAN}"\n')
+    (bin_dir / "python3").chmod(0o755)
     job = _job()
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "BUILD": build, "RELEASE": release,
-           "CALLS": str(tmp_path / "calls"), "VLLM_NIGHTLY_INDEX": job["env"]["VLLM_NIGHTLY_INDEX"]}
+           "CALLS": str(tmp_path / "calls"), "VLLM_CPU_NIGHTLY_INDEX": job["env"]["VLLM_CPU_NIGHTLY_INDEX"]}
     proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
                            _step(job, "Install the vLLM")["run"]], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=60)

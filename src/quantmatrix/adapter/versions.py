@@ -115,10 +115,13 @@ class Span:
 def release(version: str) -> tuple[int, ...]:
     """The release a version string names (0.34.1.dev12+gabc, 0.35.0rc1 -> (0, 34, 1), (0, 35, 0)): a nightly or
     a release candidate counts as the release it leads to."""
-    match = re.match(r"\d+(?:\.\d+)*", version)
-    if match is None:
-        raise AdapterMismatch(f"vLLM version {version!r} is not a release number quantmatrix can read")
-    return tuple(int(part) for part in match.group().split("."))
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        numbers = Version(version).release
+    except InvalidVersion as e:
+        raise AdapterMismatch(f"vLLM version {version!r} is not a release number quantmatrix can read") from e
+    return numbers + (0,) * (3 - len(numbers))  # 0.28 is 0.28.0
 
 
 def pick(what: str, spans: Sequence[Span], where: str, version: str | None = None) -> Any:
