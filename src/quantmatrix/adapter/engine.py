@@ -42,7 +42,7 @@ def is_moe_layer(module: Any) -> bool:
     return type(module).__name__ in MOE_LAYER_CLASSES
 
 
-def _backend(quant_method: Any) -> tuple[str | None, str | None]:
+def backend_of(quant_method: Any) -> tuple[str | None, str | None]:
     """The MoE backend a quant method selected: the enum stored next to `experts_cls` (nvfp4_backend,
     unquantized_backend, fp8_backend, ...). (attribute, value) or (None, None) when it keeps none."""
     import enum
@@ -65,7 +65,7 @@ def moe_layer_facts(model: Any) -> dict[str, dict[str, Any]]:
                                   "quantmatrix/adapter/engine.py")
         wrapped = getattr(qm, "old_quant_method", None)  # a modular kernel wraps the method it replaced
         source = wrapped if wrapped is not None else qm
-        attr, backend = _backend(source)
+        attr, backend = backend_of(source)
         experts = getattr(source, "experts_cls", None)
         out[name] = {"quant_method": type(source).__name__, "runtime_method": type(qm).__name__,
                      "backend": backend, "backend_attr": attr,
