@@ -121,3 +121,27 @@ def device() -> dict[str, Any]:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     return {"name": f"cpu ({platform.processor() or platform.machine()})", "capability": None,
             "cuda_visible_devices": None}
+
+
+def timed_model_loads(sink: list[float]) -> None:
+    """Append the wall time of every model load in this process (BaseModelLoader.load_model: build, load weights,
+    post-process) to `sink`: what bench/bench_guard.py compares with and without the guard."""
+    import functools
+    import importlib
+    import time
+
+    cls = getattr(importlib.import_module(_LOADER_MODULE), "BaseModelLoader", None)
+    if cls is None or not callable(getattr(cls, "load_model", None)):
+        raise AdapterMismatch(f"{_LOADER_MODULE}.BaseModelLoader.load_model is gone: update "
+                              "quantmatrix/adapter/engine.py")
+    load_model = cls.load_model
+
+    @functools.wraps(load_model)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return load_model(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    cls.load_model = timed
