@@ -213,3 +213,42 @@ def test_on_vllm_cpu_the_clean_checkpoint_serves_exactly_as_without_the_guard(en
     assert "quantmatrix guard ran (refuse): checked 10 tensors in 8 layers (2 MoE)" in guarded
     assert "; 0 problem(s)" in guarded
     assert "quantmatrix guard" not in plain
+
+
+def test_gpu_tier_e2e_cells_run_the_guard_inside_the_real_engine():
+    """Mode `guard` (QUANTMATRIX_GUARD=refuse in the engine child's environment): every healthy e2e checkpoint
+    (on CUDA its GPU twin) starts once more per arch with the plugin judging it, and mode_invariance holds its
+    tokens to the default mode's; a false refusal fails the cell with the refusal in the log tail. The broken
+    canary is kept out (it is refused by design); no cpu-tier case and no extra CPU engine start is added.
+    The GPU runs themselves happen on the runners, not here."""
+    guard = DEFAULT.mode("guard")
+    assert guard.env == {plugin.ENV: "refuse"} and plugin.mode() is None
+    cases = [case for check in DEFAULT.checks.values() for case in DEFAULT.cases(check)
+             if case.cell.mode.name == "guard"]
+    assert {c.check.name for c in cases} == {"degeneration", "agreement", "mode_invariance"}
+    assert {c.check.tier for c in cases} == {"gpu"}
+    assert {c.cell.arch.name for c in cases} == set(ARCHS)
+    assert "qwen3moe-tiny-bf16-experts-nan" not in {c.cell.checkpoint.id for c in cases}
+    assert {"qwen3moe-tiny-nvfp4-weight-only", "qwen3moe-tiny-nvfp4-w4a4"} <= {c.cell.checkpoint.id for c in cases}
+    cell = next(c.cell for c in cases)
+    env = runner.child_env(DEFAULT.e2e, cell, "cuda", {"PATH": "/usr/bin"})
+    assert env[plugin.ENV] == "refuse"
+
+
+def test_a_linear_layer_its_loader_never_wrote_is_refused(cache, monkeypatch):
+    """Linear layers are recorded too: the router's weight withheld from vLLM's loader is named, with the file."""
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4", monkeypatch)
+    build = layers.build(path, DEFAULT.arch("sm121").capability, every_layer=True)
+    recorder = Recorder()
+    for layer in build.layers:
+        recorder.install(layer.block, layer.prefix)
+        layer.load((n, t) for n, t in sentinel.checkpoint_tensors(path, layer.prefix)()
+                   if n != "model.layers.1.mlp.gate.weight")
+    with pytest.raises(plugin.GuardRefusal) as refused:
+        plugin.guard_model(recorder, build.layer.vllm_config.model_config, "refuse")
+    message = str(refused.value)
+    assert "1 tensor problem(s)" in message
+    assert ("layer model.layers.1.mlp.gate (UnquantizedLinearMethod): backend UnquantizedLinearMethod reads tensors "
+            "that were never loaded from the checkpoint: model.layers.1.mlp.gate.weight: unloaded (not written)"
+            in message)
+    assert f"checkpoint file(s) for model.layers.1.mlp.*: {path / 'model.safetensors'}" in message

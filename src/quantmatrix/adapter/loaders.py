@@ -41,13 +41,21 @@ def default_weight_loader() -> Callable[..., Any]:
 
 
 def method_and_backend(module: Any) -> tuple[str, str, bool]:
-    """(quant method class, backend name, weight-only) of a MoE or linear layer."""
+    """(quant method class, backend name, weight-only) of a MoE or linear layer. The backend is the MoE method's
+    backend enum, or a linear method's kernel class; weight-only is the method's own view (MoE `use_a16`, a
+    ModelOpt linear method without an activation key, `akey`)."""
     qm = getattr(module, "quant_method", None)
     if qm is None:
         raise AdapterMismatch(f"{type(module).__name__} has no quant_method: update quantmatrix/adapter/loaders.py")
     source = getattr(qm, "old_quant_method", None) or qm
     _, backend = engine.backend_of(source)
-    weight_only = bool(getattr(source, "use_a16", False))
+    kernel = getattr(source, "kernel", None)
+    if backend is None and kernel is not None:
+        backend = type(kernel).__name__
+    if hasattr(source, "use_a16"):
+        weight_only = bool(source.use_a16)
+    else:
+        weight_only = hasattr(source, "akey") and source.akey is None
     return type(source).__name__, backend or type(source).__name__, weight_only
 
 

@@ -14,7 +14,10 @@ from quantmatrix.guard.record import Layer, Recorder, unloaded_mask
 from quantmatrix.schema.model import MoeBackend
 from quantmatrix.schema.vocab import ROLES
 
-EVERY_ROLE = frozenset(ROLES)  # a backend without a read-set: assume it reads whatever it was given
+# A backend without a read-set reads whatever it was given, except activation scales when vLLM's own method says
+# activations stay unquantized (a weight-only linear method registers a W4A16 checkpoint's input_scale only to drop it).
+EVERY_ROLE = frozenset(ROLES)
+WEIGHT_ONLY_ROLES = EVERY_ROLE - {"input_scale"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Outcome:
 def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend]) -> LayerResult:
     method, backend, weight_only = loaders.method_and_backend(layer.module)
     known = backends.get(backend)
-    reads = known.reads if known is not None else EVERY_ROLE
+    reads = known.reads if known is not None else WEIGHT_ONLY_ROLES if weight_only else EVERY_ROLE
     experts = loaders.num_local_experts(layer.module) if layer.kind == "moe" else -1
     params = {f"{layer.name}.{n}": p for n, p in layer.params.items()}
     masks = {f"{layer.name}.{n}": unloaded_mask(layer, n) for n in layer.params}
@@ -82,7 +85,7 @@ def refusal(outcome: Outcome, files: Callable[[str], list[str]]) -> str:
         text = problem_of(r.report, words, r.weight_only) or ""
         if not r.known_backend:
             text += (f" [backend {r.backend} has no read-set in quantmatrix/data/backends.yaml: every tensor it "
-                     "was given counts as read]")
+                     f"was given counts as read{', except input_scale (weight-only)' if r.weight_only else ''}]")
         prefix = r.layer.rsplit(".", 1)[0] + "." if r.kind == "linear" else r.layer + "."
         where = ", ".join(files(prefix)) or "(checkpoint files not local)"
         parts.append(f"{text}\n  checkpoint file(s) for {prefix}*: {where}\n  what to do: {_advice(r)}")
