@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import statistics
@@ -32,36 +31,29 @@ def child(model: str, engine_args: dict, repeat: int) -> None:
     from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
     from quantmatrix.adapter import engine
+    from quantmatrix.guard import plugin
 
+    # vLLM calls the plugin once per process, at the first start; install the seams now (they read
+    # QUANTMATRIX_GUARD at every model load), so the starts below can alternate.
+    os.environ[plugin.ENV] = "refuse"
+    plugin.register()
     loads: list[float] = []
     engine.timed_model_loads(loads)
-    guard_lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            guard_lines.append(record.getMessage())
-
-    logging.getLogger("vllm.quantmatrix_guard").addHandler(Keep())
     runs = []
     schedule = [None] + [g for _ in range(repeat) for g in (None, "refuse")]  # the first start warms caches
     for i, guard in enumerate(schedule):
         if guard is None:
-            os.environ.pop("QUANTMATRIX_GUARD", None)
+            os.environ.pop(plugin.ENV, None)
         else:
-            os.environ["QUANTMATRIX_GUARD"] = guard
-        before = len(guard_lines)
+            os.environ[plugin.ENV] = guard
+        print(f"=== bench start {i}", flush=True)  # vLLM logs to stdout: the parent finds the guard's line here
         llm = vllm.LLM(model=model, **engine_args)
         del llm
         gc.collect()
         destroy_model_parallel()
         destroy_distributed_environment()
-        own = [GUARD_LINE.search(x) for x in guard_lines[before:]]
-        own = [m for m in own if m]
-        if i == 0:
-            continue
-        runs.append({"guard": guard, "load_s": loads[-1],
-                     "guard_s": float(own[0].group(2)) if own else None,
-                     "tensors": int(own[0].group(1)) if own else None})
+        if i:
+            runs.append({"guard": guard, "load_s": loads[-1]})
     print("BENCH " + json.dumps(runs), flush=True)
     os._exit(0)
 
@@ -80,7 +72,9 @@ def main() -> None:
     from quantmatrix.schema.model import Cell
 
     matrix = load(ROOT / "matrices" / "default.yaml")
-    print(f"{'model':<22} {'load s, no guard':>17} {'load s, guard':>14} {'delta':>7} {'guard own s':>12} "
+    print("load s: BaseModelLoader.load_model, median (min) of the starts; delta: of the medians (on a busy host it "
+          "is noise); guard own s: the guard's hooking + judging, as it logs it; own/load: of the unguarded median")
+    print(f"{'model':<20} {'load s, no guard':>17} {'load s, guard':>17} {'delta':>7} {'guard own s':>12} "
           f"{'own/load':>9} {'tensors':>8}")
     for model_id in args.models:
         ck = next(c for c in matrix.checkpoints if c.id == model_id)
@@ -96,12 +90,19 @@ def main() -> None:
             sys.exit(f"{model_id}: the bench child failed (exit {out.returncode}):\n{out.stdout[-3000:]}"
                      f"{out.stderr[-3000:]}")
         runs = json.loads(line[6:])
-        off = statistics.median(r["load_s"] for r in runs if r["guard"] is None)
-        on = statistics.median(r["load_s"] for r in runs if r["guard"])
+        segments = out.stdout.split("=== bench start ")[2:]  # [0]: before any start, [1]: the warm-up
+        for run, segment in zip(runs, segments, strict=True):
+            found = GUARD_LINE.search(segment)
+            run["guard_s"], run["tensors"] = (float(found.group(2)), int(found.group(1))) if found else (None, None)
+            if bool(found) != bool(run["guard"]):
+                sys.exit(f"{model_id}: guard {run['guard']!r} but its log line {'is' if found else 'is not'} there")
+        offs = [r["load_s"] for r in runs if r["guard"] is None]
+        ons = [r["load_s"] for r in runs if r["guard"]]
+        off, on = statistics.median(offs), statistics.median(ons)
         own = statistics.median(r["guard_s"] for r in runs if r["guard"])
         tensors = next(r["tensors"] for r in runs if r["guard"])
-        print(f"{model_id:<22} {off:>17.4f} {on:>14.4f} {100 * (on - off) / off:>6.1f}% {own:>12.4f} "
-              f"{100 * own / off:>8.2f}% {tensors:>8}")
+        print(f"{model_id:<20} {f'{off:.3f} ({min(offs):.3f})':>17} {f'{on:.3f} ({min(ons):.3f})':>17} "
+              f"{100 * (on - off) / off:>6.1f}% {own:>12.4f} {100 * own / off:>8.2f}% {tensors:>8}")
 
 
 if __name__ == "__main__":

