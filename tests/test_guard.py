@@ -280,3 +280,19 @@ def test_read_sets_ship_with_the_package_and_a_matrix_overrides_them(tmp_path, m
                                        encoding="utf-8")
     with pytest.raises(MatrixError, match=r"dup.yaml:\d+:\d+: duplicate MoE backend 'MARLIN'"):
         load(tmp_path / "dup.yaml")
+
+
+def test_a_loader_call_the_guard_cannot_read_never_breaks_loading_but_fails_the_guard(cache, monkeypatch):
+    """If vLLM changes the weight_loader signature, the load itself goes on; the guard then says it could not
+    check (GuardFailed under refuse) instead of passing or refusing the model."""
+    from quantmatrix.adapter import loaders
+
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4", monkeypatch)
+
+    def moved(*args, **kwargs):
+        raise AdapterMismatch("weight_loader signature moved")
+
+    monkeypatch.setattr(loaders, "loader_call", moved)
+    with pytest.raises(plugin.GuardFailed, match=r"judging the loaded model failed \(AdapterMismatch: \d+ "
+                                                  r"weight_loader call\(s\) could not be read"):
+        _guarded(path, "sm121")

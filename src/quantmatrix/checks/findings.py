@@ -53,11 +53,22 @@ def _nonfinite_detail(values: torch.Tensor, bad: torch.Tensor) -> str:
     return ", ".join(w for w in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if w)
 
 
+_CHUNK = 1 << 26  # elements per isfinite() pass: bounds the transient bool tensor to 64 MiB
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """One bandwidth-bound pass, in dim-0 chunks so a large expert tensor never needs a full-size mask."""
+    if values.dim() == 0 or values.numel() <= _CHUNK:
+        return bool(torch.isfinite(values).all())
+    rows = max(1, _CHUNK // max(1, values[0].numel()))
+    return all(bool(torch.isfinite(values[i:i + rows]).all()) for i in range(0, values.shape[0], rows))
+
+
 def _weight_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int,
                      is_read: bool) -> list[Finding]:
-    """Non-finite weights: one pass over the tensor (isfinite().all()); rows and counts only when it fails."""
+    """Non-finite weights: one pass over the tensor; rows and counts only when it fails."""
     values = p.data
-    if bool(torch.isfinite(values).all()):
+    if all_finite(values):
         return []
     bad = ~torch.isfinite(values) & loaded
     if not bad.any():

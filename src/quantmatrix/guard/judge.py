@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from quantmatrix.adapter import loaders
 from quantmatrix.checks import findings
 from quantmatrix.checks.audit import AuditReport, Finding, problem_of
+from quantmatrix.errors import AdapterMismatch
 from quantmatrix.guard.record import Layer, Recorder, unloaded_mask
 from quantmatrix.schema.model import MoeBackend
 from quantmatrix.schema.vocab import ROLES
@@ -58,6 +59,9 @@ def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend]) -> LayerResult
 
 
 def judge(recorder: Recorder, backends: Mapping[str, MoeBackend]) -> Outcome:
+    if recorder.errors:
+        raise AdapterMismatch(f"{len(recorder.errors)} weight_loader call(s) could not be read, e.g. "
+                              f"{recorder.errors[0]}; update quantmatrix/adapter/loaders.py")
     results = tuple(judge_layer(layer, backends) for layer in recorder.layers)
     return Outcome(results, sum(len(r.params) for r in recorder.layers))
 

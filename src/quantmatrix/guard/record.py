@@ -30,6 +30,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.layers: list[Layer] = []
+        self.errors: list[str] = []  # calls it could not read: the judge then fails loudly, loading never does
         self._originals: list[tuple[torch.nn.Parameter, Any]] = []
 
     def install(self, model: torch.nn.Module, prefix: str = "") -> int:
@@ -55,8 +56,12 @@ class Recorder:
         def weight_loader(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if result is not False:  # MoE loaders answer False for an expert that is not on this rank
-                shard, row = loaders.loader_call(layer.module, layer.kind, args, kwargs)
-                layer.writes[pname].setdefault(shard, set()).add(row)
+                try:
+                    shard, row = loaders.loader_call(layer.module, layer.kind, args, kwargs)
+                except Exception as e:  # noqa: BLE001 - never break a load; judge() reports it
+                    self.errors.append(f"{layer.name}.{pname}: {type(e).__name__}: {e}")
+                else:
+                    layer.writes[pname].setdefault(shard, set()).add(row)
             return result
         return weight_loader
 
