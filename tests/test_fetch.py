@@ -13,11 +13,13 @@ from matrixkit import SMALL, write
 
 from quantmatrix import cli
 from quantmatrix.checkpoints import fetch, store
+from quantmatrix.errors import CheckpointUnavailable
 from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = "89abcdef0123456789abcdef0123456789abcdef"
 TWO_HUB = SMALL.replace(
+    "version: 1\n", "version: 1\nallow_floating_revisions: true  # `main` on purpose\n", 1).replace(
     "    source: {synthetic: {model: qwen3_moe}}\n    producer: modelopt\n    scheme: nvfp4_weight_only\n",
     "    source: {hub: org/wo-nvfp4, revision: main}\n    producer: modelopt\n    scheme: nvfp4_weight_only\n"
     "    size_gb: 2\n",
@@ -34,8 +36,10 @@ class FakeHub:
         self.calls: list[tuple[str, str, str]] = []
         self.fail = fail
 
-    def snapshot_download(self, repo_id: str, revision: str, cache_dir: str) -> str:
-        self.calls.append((repo_id, revision, cache_dir))
+    def snapshot_download(self, repo_id: str, revision: str, cache_dir: str,
+                          allow_patterns: list[str] | None = None) -> str:
+        self.calls.append((repo_id, revision, cache_dir) if allow_patterns is None else
+                          (repo_id, revision, cache_dir, tuple(allow_patterns)))
         if repo_id in self.fail:
             raise OSError(f"faked: {repo_id} unreachable")
         commit = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else "f" * 40
@@ -43,7 +47,8 @@ class FakeHub:
         snap = base / "snapshots" / commit
         snap.mkdir(parents=True)
         (snap / "config.json").write_text("{}")
-        (snap / "model.safetensors").write_bytes(b"\0" * 8)
+        if allow_patterns is None or "*.safetensors" in allow_patterns:
+            (snap / "model.safetensors").write_bytes(b"\0" * 8)
         if revision != commit:
             (base / "refs").mkdir(exist_ok=True)
             (base / "refs" / revision).write_text(commit)
@@ -107,7 +112,7 @@ def test_a_failed_download_is_reported_and_the_rest_still_fetched_with_snapshot_
 def test_dry_run_prints_every_download_line_of_real_yaml_and_downloads_nothing(hub, capsys):
     """On an empty cache, --dry-run over matrices/real.yaml prints the `hf download` line of every checkpoint
     (the same line a skipped case names) and the known download size, without calling the hub."""
-    assert cli.main(["fetch", "--matrix", str(ROOT / "matrices" / "real.yaml"), "--dry-run"]) == 0
+    assert cli.main(["fetch", "--matrix", str(ROOT / "matrices" / "real.yaml"), "--dry-run", "--gpus", "8"]) == 0
     assert hub.calls == []
     out = capsys.readouterr().out
     real = load(ROOT / "matrices" / "real.yaml")
@@ -118,6 +123,25 @@ def test_dry_run_prints_every_download_line_of_real_yaml_and_downloads_nothing(h
     n = len(real.checkpoints)
     tail = f", plus {unknown} of unknown size" if unknown else ""
     assert f"{n} of {n} not in {store.hub_cache()}: about {known:g} GB to download{tail}\n" in out
+
+
+def test_a_runner_with_too_few_gpus_fetches_only_the_config_files_with_snapshot_download_faked(
+        hub, tmp_path, capsys):
+    """A checkpoint needing 2 GPUs on a 1-GPU runner: only its config files are asked for (its config checks run
+    here; its weights would only fill the disk); the config-level resolver finds that snapshot, the full one
+    does not. The one-GPU checkpoint is fetched whole."""
+    path = write(tmp_path, TWO_HUB.replace("    size_gb: 2\n", "    size_gb: 2\n    gpus: 2\n"))
+    assert cli.main(["fetch", "--matrix", str(path), "--gpus", "1", "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "tiny-wo: org/wo-nvfp4@main, config files only (needs 2 GPUs, this runner has 1), not cached" in dry
+    assert "hf download org/wo-nvfp4 --revision main --include '*.json' --include '*.txt'" in dry
+    assert "about 0 GB to download" in dry
+    assert cli.main(["fetch", "--matrix", str(path), "--gpus", "1"]) == 0
+    cache = str(tmp_path / "hub")
+    assert hub.calls == [("org/wo-nvfp4", "main", cache, store.CONFIG_PATTERNS), ("org/w4a4-nvfp4", PINNED, cache)]
+    assert store.resolve_hub("org/wo-nvfp4", "main", configs_only=True).name == "f" * 40
+    with pytest.raises(CheckpointUnavailable, match="only partly in the local Hugging Face cache"):
+        store.resolve_hub("org/wo-nvfp4", "main")
 
 
 def test_fetch_is_a_quantmatrix_subcommand(hub, matrix_file, capsys):

@@ -4,6 +4,8 @@ The HF cache is a temp directory in the layout huggingface_hub writes; CUDA quer
 
 from __future__ import annotations
 
+from xml.etree import ElementTree as ET
+
 import pytest
 from matrixkit import SMALL
 
@@ -11,6 +13,7 @@ from quantmatrix.host import detect
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HUB_MATRIX = SMALL.replace(
+    "version: 1\n", "version: 1\nallow_floating_revisions: true  # `main` on purpose\n", 1).replace(
     "    source: {synthetic: {model: qwen3_moe}}\n    producer: modelopt\n    scheme: nvfp4_weight_only",
     "    source: {hub: example/moe-nvfp4, revision: main}\n    producer: modelopt\n    scheme: nvfp4_weight_only",
 )
@@ -67,11 +70,46 @@ def test_strict_checkpoints_fails_an_absent_hub_checkpoint(suite):
 def test_strict_checkpoints_passes_a_cached_hub_checkpoint(suite, tmp_path):
     """In the cache, the case gets the snapshot directory, strict or not: nothing is downloaded at test time."""
     _cache(tmp_path)
-    result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe and tiny-wo", "--strict-checkpoints")
+    result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe and tiny-wo", "--strict-checkpoints",
+                             "--junitxml", "j.xml", "-o", "junit_family=xunit1")
     result.assert_outcomes(passed=6)
+    cases = ET.parse(suite.path / "j.xml").getroot().iter("testcase")
+    props = [{p.get("name"): p.get("value") for p in case.iter("property")} for case in cases]
+    assert len(props) == 6
+    assert all((p["checkpoint_revision"], p["checkpoint_snapshot"]) == ("main", COMMIT) for p in props)
 
 
 def test_strict_checkpoints_leaves_gpu_skips_to_strict_hardware(suite):
     """The two options are separate: an absent GPU still skips under --strict-checkpoints alone."""
     result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--strict-checkpoints")
     result.assert_outcomes(skipped=6)
+
+
+CONFIG_SUITE = """
+def test_cpu_probe(cell, config_dir, record_property):
+    record_property("config_dir", str(config_dir))
+
+def test_gpu_probe(cell, checkpoint_dir):
+    pass
+"""
+
+
+def test_a_runner_too_small_to_serve_a_checkpoint_checks_its_configs_and_skips_its_files(
+        suite, tmp_path, monkeypatch):
+    """One GB10 and a checkpoint that needs two: the runner holds only its config files (what `quantmatrix
+    fetch` leaves there). Config-level cases read them; file-level ones skip, naming both GPU counts, and do not
+    fail even under --strict-checkpoints (the weights are missing on purpose)."""
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: [detect.Device(0, "NVIDIA GB10", (12, 1))])
+    suite.makefile(".yaml", m=HUB_MATRIX.replace("    scheme: nvfp4_weight_only", "    scheme: nvfp4_weight_only\n"
+                                                 "    gpus: 2", 1))
+    suite.makepyfile(test_suite=CONFIG_SUITE)
+    _cache(tmp_path)
+    (tmp_path / "hub" / "models--example--moe-nvfp4" / "snapshots" / COMMIT / "model.safetensors").unlink()
+    result = suite.runpytest("--matrix", "m.yaml", "-k", "tiny-wo and sm121", "--strict-checkpoints", "-rs",
+                             "--junitxml", "j.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(["*tiny-wo needs 2 GPUs of sm121 (GB10 / DGX Spark); this host has 1, so this "
+                                 "runner holds only its config files*"])
+    dirs = {p.get("value") for p in ET.parse(suite.path / "j.xml").getroot().iter("property")
+            if p.get("name") == "config_dir"}
+    assert dirs == {str(tmp_path / "hub" / "models--example--moe-nvfp4" / "snapshots" / COMMIT)}

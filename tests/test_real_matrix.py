@@ -5,11 +5,13 @@ download line where the local HF cache lacks a checkpoint, and its copied axes c
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from matrixkit import SMALL, write
 
 from quantmatrix import cli
@@ -51,16 +53,45 @@ def test_real_matrix_names_every_suite_check(real):
     assert suites == set(real.checks)
 
 
-def test_real_checkpoints_are_pinned_hub_sources_of_both_schemes_and_producers(real):
-    """Every checkpoint comes from the hub, weight-only and W4A4 both appear, ModelOpt and compressed-tensors both,
-    and each states the degeneration floor that catches the seed bug's one repeated token."""
+def test_real_checkpoints_are_pinned_hub_sources_of_both_schemes(real):
+    """Every checkpoint comes from the hub at a 40-hex commit (real.yaml does not opt into floating refs),
+    weight-only and W4A4 both appear, and each states the degeneration floor that catches the seed bug's one
+    repeated token. (compressed-tensors left with RedHatAI/Qwen3-30B-A3B-NVFP4: no public report names its
+    commit.)"""
     assert all(c.source.kind == "hub" and "/" in c.source.value[0] for c in real.checkpoints)
+    assert all(re.fullmatch(r"[0-9a-f]{40}", c.source.value[1]) for c in real.checkpoints)
+    assert "allow_floating_revisions" not in yaml.safe_load(REAL.read_text())
     assert {c.scheme.name for c in real.checkpoints} == {"nvfp4_weight_only", "nvfp4_w4a4"}
-    assert {c.producer for c in real.checkpoints} == {"modelopt", "compressed-tensors"}
     assert all(c.expectation("degeneration")["max_repeat_run"] < real.e2e.max_tokens for c in real.checkpoints)
     assert all(c.expectation("reference") == "engine" for c in real.checkpoints)
     weight_only = [c for c in real.checkpoints if c.scheme.name == "nvfp4_weight_only"]
-    assert [c.source.value[0] for c in weight_only] == ["LibertAIDAI/GLM-5.3-Flash-NVFP4"]
+    assert [c.source.value[0] for c in weight_only] == ["LibertAIDAI/GLM-5.3-Flash-NVFP4",
+                                                       "nvidia/Qwen3.6-35B-A3B-NVFP4"]
+
+
+def test_a_single_gpu_weight_only_checkpoint_runs_every_e2e_check_in_every_mode(real):
+    """The seed bug's shape end to end: a weight-only checkpoint on one GPU meets every e2e check in every mode
+    (mode_invariance in every mode but the reference one), the poison modes included."""
+    one_gpu = [c for c in real.checkpoints if c.scheme.name == "nvfp4_weight_only" and c.gpus == 1]
+    assert one_gpu
+    e2e = [k for k in real.checks.values() if k.kind == "e2e"]
+    for ck in one_gpu:
+        for check in e2e:
+            modes = {case.cell.mode.name for case in real.cases(check) if case.cell.checkpoint is ck}
+            want = {m.name for m in real.modes} - ({real.e2e.reference_mode} if check.name == "mode_invariance"
+                                                   else set())
+            assert modes == want, (ck.id, check.name)
+    assert {"poison_zero", "poison_one", "poison_nan"} <= {m.name for m in real.modes}
+
+
+def test_a_floating_revision_is_refused_unless_the_matrix_allows_it(tmp_path):
+    """`main` moves under the nightly: refused with file:line:column and both ways out; accepted with the flag."""
+    text = _hub("").replace("revision: 0123456789abcdef0123456789abcdef01234567", "revision: main")
+    with pytest.raises(MatrixError, match=r":\d+:\d+: checkpoint '[^']+': revision 'main' of org/name is a "
+                                          r"floating ref.*pin the 40-hex commit.*allow_floating_revisions: true"):
+        load(write(tmp_path, text))
+    floating = load(write(tmp_path, text.replace("version: 1\n", "version: 1\nallow_floating_revisions: true\n")))
+    assert floating.checkpoints[1].source.value == ("org/name", "main")
 
 
 def test_real_matrix_lists_through_the_cli(capsys, real):
@@ -117,7 +148,8 @@ def test_real_cases_skip_with_the_download_line_on_an_arch_whose_cache_is_empty(
 def _hub(extra: str, expect: str = "") -> str:
     old = "    source: {synthetic: {model: qwen3_moe}}\n    producer: modelopt\n    scheme: nvfp4_w4a4\n"
     assert old in SMALL
-    return SMALL.replace(old, "    source: {hub: org/name, revision: main}\n    producer: modelopt\n"
+    return SMALL.replace(old, "    source: {hub: org/name, revision: 0123456789abcdef0123456789abcdef01234567}\n"
+                              "    producer: modelopt\n"
                               f"    scheme: nvfp4_w4a4\n{extra}{expect}", 1)
 
 

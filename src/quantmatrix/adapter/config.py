@@ -18,7 +18,7 @@ QUANT_MODULES = (
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
            *QUANT_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
-METHODS = ("modelopt", "modelopt_fp4", "compressed-tensors")
+METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors")
 
 # ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
 _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
@@ -77,6 +77,23 @@ def reason(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+def _classify_mixed(config: Any) -> tuple[str, str]:
+    """ModelOpt MIXED_PRECISION picks an algo per layer; what matters here is the one its MoE experts get (the
+    seed bug's shape: W4A16_NVFP4 experts beside FP8 attention)."""
+    layers = getattr(config, "quantized_layers", None)
+    if not isinstance(layers, dict):
+        raise AdapterMismatch("ModelOptMixedPrecisionConfig has no quantized_layers dict: update "
+                              "quantmatrix/adapter/config.py")
+    algos = {str(r.get("quant_algo", "")).upper() for p, r in layers.items() if "experts" in p}
+    if not algos:
+        return "MIXED_PRECISION, no expert layer quantized", "unquantized"
+    if len(algos) > 1 or next(iter(algos)) not in _MODELOPT_ALGOS:
+        raise AdapterMismatch(f"MIXED_PRECISION experts use {sorted(algos)}; quantmatrix knows one of "
+                              f"{sorted(_MODELOPT_ALGOS)}: update quantmatrix/adapter/config.py")
+    algo = next(iter(algos))
+    return f"MIXED_PRECISION experts {algo}", _MODELOPT_ALGOS[algo]
+
+
 def classify(config: Any) -> tuple[str, str]:
     """(vLLM's scheme name, behaviour) of a resolved quantization config."""
     name = type(config).__name__
@@ -86,6 +103,8 @@ def classify(config: Any) -> tuple[str, str]:
             raise AdapterMismatch(f"ModelOptNvFp4Config.quant_method is {algo!r}; quantmatrix knows "
                                   f"{sorted(_MODELOPT_ALGOS)}: update quantmatrix/adapter/config.py")
         return algo, _MODELOPT_ALGOS[algo]
+    if name == "ModelOptMixedPrecisionConfig":
+        return _classify_mixed(config)
     if name == "CompressedTensorsConfig":
         scheme_map = getattr(config, "target_scheme_map", None)
         if not isinstance(scheme_map, dict):

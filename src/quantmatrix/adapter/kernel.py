@@ -72,3 +72,15 @@ def read_quant_config(quant_config: Any) -> KernelFormat:
         alphas[name] = bool(torch.isfinite(value).all()) if present else None
     kept = tuple(n for n in ACTIVATION_SCALES if isinstance(getattr(quant_config, n), torch.Tensor))
     return KernelFormat(None, type(quant_config).__name__, alphas, kept)
+
+
+def forward(layer: MoELayer, hidden: Any) -> Any:
+    """Convert a loaded layer into kernel format, then run vLLM's own MoE block on `hidden` (tokens x hidden
+    size): the kernel the backend selected, on this host's device. Used by the observed-reads measurement."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    convert(layer)
+    with set_current_vllm_config(layer.vllm_config), \
+            set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]):
+        return layer.block(hidden)

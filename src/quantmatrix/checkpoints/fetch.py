@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ class Entry:
 
     checkpoint: Checkpoint
     cached: Path | None
+    configs_only: str | None = None  # why only the config files are fetched (this host cannot serve it)
 
     @property
     def repo(self) -> str:
@@ -42,8 +44,10 @@ class Entry:
         return store.download_command(self.repo, self.revision)
 
 
-def plan(matrix: Matrix, only: Sequence[str] = ()) -> list[Entry]:
-    """The matrix's hub checkpoints (or the `only` ones), each looked up in the local cache."""
+def plan(matrix: Matrix, only: Sequence[str] = (), gpus: int | None = None) -> list[Entry]:
+    """The matrix's hub checkpoints (or the `only` ones), each looked up in the local cache. On a runner with
+    `gpus` GPUs, a checkpoint that needs more gets its config files only: its config checks run here, its
+    weights would only fill the disk."""
     by_id = {c.id: c for c in matrix.checkpoints}
     for ck_id in only:
         if ck_id not in by_id:
@@ -56,12 +60,16 @@ def plan(matrix: Matrix, only: Sequence[str] = ()) -> list[Entry]:
         [c for c in matrix.checkpoints if c.source.kind == "hub"]
     if not chosen:
         raise QuantmatrixError(f"{matrix.path} has no hub checkpoints: nothing to fetch")
-    return [Entry(c, _cached(c)) for c in chosen]
+    out = []
+    for c in chosen:
+        why = f"needs {c.gpus} GPUs, this runner has {gpus}" if gpus is not None and c.gpus > gpus else None
+        out.append(Entry(c, _cached(c, why is not None), why))
+    return out
 
 
-def _cached(checkpoint: Checkpoint) -> Path | None:
+def _cached(checkpoint: Checkpoint, configs_only: bool = False) -> Path | None:
     try:
-        return store.resolve_hub(*checkpoint.source.value)
+        return store.resolve_hub(*checkpoint.source.value, configs_only=configs_only)
     except CheckpointUnavailable:
         return None
 
@@ -80,15 +88,17 @@ def fetch(entries: list[Entry], dry_run: bool) -> int:
     cache = store.hub_cache()
     for e in entries:
         where = f"cached at {e.cached}" if e.cached else "not cached"
-        print(f"{e.checkpoint.id}: {e.repo}@{e.revision}, {_size(e.checkpoint)}, {where}")
+        what = f"config files only ({e.configs_only})" if e.configs_only else _size(e.checkpoint)
+        print(f"{e.checkpoint.id}: {e.repo}@{e.revision}, {what}, {where}")
     missing = [e for e in entries if e.cached is None]
-    need = sum(e.checkpoint.size_gb or 0 for e in missing)
-    unknown = sum(1 for e in missing if e.checkpoint.size_gb is None)
+    need = sum(e.checkpoint.size_gb or 0 for e in missing if not e.configs_only)
+    unknown = sum(1 for e in missing if e.checkpoint.size_gb is None and not e.configs_only)
     print(f"{len(missing)} of {len(entries)} not in {cache}: about {need:g} GB to download"
           + (f", plus {unknown} of unknown size" if unknown else ""))
     if dry_run:
         for e in missing:
-            print(e.command)
+            print(e.command + (" " + " ".join(f"--include {shlex.quote(p)}" for p in store.CONFIG_PATTERNS)
+                               if e.configs_only else ""))
         return 0
     if not missing:
         return 0
@@ -108,8 +118,9 @@ def fetch(entries: list[Entry], dry_run: bool) -> int:
     for e in missing:
         print(f"fetching {e.checkpoint.id}: {e.command}", flush=True)
         try:
-            huggingface_hub.snapshot_download(repo_id=e.repo, revision=e.revision, cache_dir=str(cache))
-            path = store.resolve_hub(e.repo, e.revision)
+            only = {"allow_patterns": list(store.CONFIG_PATTERNS)} if e.configs_only else {}
+            huggingface_hub.snapshot_download(repo_id=e.repo, revision=e.revision, cache_dir=str(cache), **only)
+            path = store.resolve_hub(e.repo, e.revision, configs_only=e.configs_only is not None)
         except CheckpointUnavailable as err:
             failed += 1
             print(f"quantmatrix fetch: {e.checkpoint.id}: downloaded, but not where the tests look: {err}",

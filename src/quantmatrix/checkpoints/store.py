@@ -133,8 +133,14 @@ def missing_shards(snap: Path) -> list[str]:
     return [] if any(snap.glob("*.safetensors")) else ["model.safetensors"]
 
 
-def resolve_hub(repo: str, revision: str) -> Path:
-    """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network."""
+# What config resolution reads of a checkpoint (config, quant config, tokenizer, the shard index): all a runner
+# fetches of a checkpoint it has too few GPUs to serve.
+CONFIG_PATTERNS = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja")
+
+
+def resolve_hub(repo: str, revision: str, configs_only: bool = False) -> Path:
+    """Find repo@revision in the local HF cache (the layout huggingface_hub writes), never the network.
+    `configs_only`: a snapshot with its config files is enough (config-level checks read nothing else)."""
     bad = bad_hub_repo(repo) or bad_hub_revision(revision)
     if bad:
         raise CheckpointUnavailable(f"{repo}@{revision}: {bad}")
@@ -145,7 +151,7 @@ def resolve_hub(repo: str, revision: str) -> Path:
         commit = ref.read_text().strip()
     snap = base / "snapshots" / commit
     if re.fullmatch(r"[0-9a-f]{40}", commit) and (snap / "config.json").is_file():
-        missing = missing_shards(snap)
+        missing = [] if configs_only else missing_shards(snap)
         if not missing:
             return snap
         raise CheckpointUnavailable(

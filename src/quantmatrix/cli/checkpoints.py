@@ -10,6 +10,7 @@ from typing import Any
 
 from quantmatrix.checkpoints import fetch, lint, make
 from quantmatrix.cli.root import default_matrix
+from quantmatrix.host.detect import query_nvidia_smi
 from quantmatrix.schema.load import load
 
 
@@ -40,6 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument("--only", nargs="+", action="extend", default=[], metavar="ID", help="only these checkpoint ids")
     p.add_argument("--dry-run", action="store_true", help="say what is cached and print the download line of each "
                    "checkpoint that is not; download nothing")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="this runner's GPU count (default: what nvidia-smi lists; none found: fetch everything); a "
+                        "checkpoint that needs more GPUs gets its config files only")
     p.set_defaults(run=run_fetch)
 
 
@@ -67,4 +71,8 @@ def run_checkpoint(args: argparse.Namespace) -> int:
 def run_fetch(args: argparse.Namespace) -> int:
     """0 every selected checkpoint is in the cache; 1 a download failed; 2 the command cannot start."""
     matrix = load(args.matrix or default_matrix("real.yaml"))
-    return fetch.fetch(fetch.plan(matrix, args.only), args.dry_run)
+    gpus = args.gpus
+    if gpus is None:
+        devices = query_nvidia_smi()
+        gpus = len(devices) if devices else None
+    return fetch.fetch(fetch.plan(matrix, args.only, gpus), args.dry_run)

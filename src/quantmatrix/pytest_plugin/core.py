@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from quantmatrix.adapter.versions import versions
-from quantmatrix.pytest_plugin import fixtures, health
+from quantmatrix.pytest_plugin import fixtures, health, runner
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
 from quantmatrix.pytest_plugin.settings import (
     DEFAULT_MATRIX,
@@ -55,10 +55,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(for a runner that is supposed to hold them: see `quantmatrix fetch`)")
     group.addoption("--vllm-health-timeout", type=_seconds, default=120.0, metavar="S",
                     help="time limit of the one-per-session check that the vLLM under test imports (default 120)")
+    runner.add_options(group)
     parser.addini("quantmatrix_matrix", MATRIX_HELP, default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    runner.pin_worker(config)  # before detection: the worker sees only its own GPUs
+    runner.start_clock(config)
     settings = resolve(config)
     if settings.matrix is not None:
         for name, help_line in settings.matrix.markers().items():
@@ -115,6 +118,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     case = case_of(item)
     if case is None:
         return
+    late = runner.not_reached(item.config)
+    if late:
+        pytest.skip(late)
     s = item.config.stash[SETTINGS]
     c = case.cell
     item.user_properties += [
@@ -154,6 +160,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     archs = s.host.archs(s.matrix) if s.host else []
     stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), "matrix": str(s.matrix.path),
+                                           "time_limit_s": str(config.getoption("time_limit") or ""),
                                            "host_arch": " ".join(a.name for a in archs),
                                            "run_id": os.environ.get("QUANTMATRIX_RUN_ID", ""),
                                            **health.record(config)})

@@ -4,8 +4,9 @@ closing note (engine starts vs cases, time outside vLLM).
 
 Groups are cells (checkpoint x arch x mode). Under `-n N --dist loadgroup` every check of a group goes to one
 worker (an `xdist_group` mark per e2e case) and each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES from
-its index and the visible GPU count). Under any other distribution a group still starts once: the store is a
-directory all workers share, with a lock per group.
+its index and the visible GPU count), or to its own group of N under `--gpus-per-worker N` (pytest_plugin.runner).
+Under any other distribution a group still starts once: the store is a directory all workers share, with a lock
+per group.
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)  # xdist's public view of a worker (its id, our store)
     root = Path(workerinput[_STORE_KEY]) if workerinput and _STORE_KEY in workerinput else _new_store_root()
     worker = workerinput.get("workerid") if workerinput else None
-    pin = gpu_pin(worker, _visible_gpus(config.stash[SETTINGS]))
+    if config.getoption("gpus_per_worker", None):  # a tensor-parallel group per worker, pinned by the core hooks
+        pin = os.environ.get("CUDA_VISIBLE_DEVICES") if worker else None
+    else:
+        pin = gpu_pin(worker, _visible_gpus(config.stash[SETTINGS]))
     if pin is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = pin  # this worker's engine children, probes included
     settings = E2ESettings(runner.Store(root), engine_platform(), config.getoption("update_references"),

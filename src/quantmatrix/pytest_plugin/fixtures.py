@@ -22,10 +22,11 @@ from quantmatrix.checkpoints.lint import LintReport
 from quantmatrix.checks.audit import AuditReport
 from quantmatrix.checks.checkpoint import LogitError
 from quantmatrix.checks.verdict import Verdict
+from quantmatrix.engine.observed import Observation
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.host.probe import Seen
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
-from quantmatrix.schema.model import Case, Cell, Matrix
+from quantmatrix.schema.model import Case, Cell, Checkpoint, Matrix
 
 
 @pytest.fixture
@@ -76,19 +77,60 @@ def judge(record_property: Callable[[str, object], None]) -> Callable[..., None]
 
 
 @pytest.fixture
-def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_session: Session) -> Path:
+def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_session: Session,
+                   record_property: Callable[[str, object], None]) -> Path:
     """The cell's checkpoint on disk, built once per session; not available here -> skipped with the way out
-    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage)."""
+    (failed under --strict-checkpoints: on a runner that should hold it, a skip would hide lost coverage).
+    A hub checkpoint's case records the revision asked for and the snapshot (commit) it read."""
     ck = cell.checkpoint
     key = ("checkpoint", ck.id)
     if key not in quantmatrix_session.memo:
         try:
             quantmatrix_session.memo[key] = store.materialize(ck)
         except CheckpointUnavailable as e:
+            short = _too_few_gpus(cell, quantmatrix_settings)
+            if short and _configs_cached(ck):  # its runner fetched the config files only (quantmatrix fetch)
+                pytest.skip(f"{short}, so this runner holds only its config files; the file checks run on a runner "
+                            f"that serves it ({e})")
             if quantmatrix_settings.strict_checkpoints:
                 pytest.fail(f"--strict-checkpoints: {e}", pytrace=False)
             pytest.skip(str(e))
-    return quantmatrix_session.memo[key]
+    path = quantmatrix_session.memo[key]
+    if ck.source.kind == "hub":  # resolve_hub returns snapshots/<commit>
+        record_property("checkpoint_revision", ck.source.value[1])
+        record_property("checkpoint_snapshot", path.name)
+    return path
+
+
+def _too_few_gpus(cell: Cell, settings: Settings) -> str | None:
+    """Why this host cannot serve the cell's checkpoint (fewer GPUs of the arch than it needs), or None."""
+    ck, host = cell.checkpoint, settings.host
+    if host is None or not host.has(cell.arch) or host.count(cell.arch) >= ck.gpus:
+        return None
+    return f"{ck.id} needs {ck.gpus} GPUs of {cell.arch.describe()}; this host has {host.count(cell.arch)}"
+
+
+def _configs_cached(ck: Checkpoint) -> bool:
+    if ck.source.kind != "hub":
+        return False
+    try:
+        store.resolve_hub(*ck.source.value, configs_only=True)
+    except CheckpointUnavailable:
+        return False
+    return True
+
+
+@pytest.fixture
+def config_dir(cell: Cell, quantmatrix_settings: Settings, request: pytest.FixtureRequest) -> Path:
+    """What config resolution reads: the checkpoint, or for a hub checkpoint this host has too few GPUs to
+    serve, the snapshot of its config files that `quantmatrix fetch` leaves on such a runner."""
+    ck = cell.checkpoint
+    if ck.source.kind == "hub" and _too_few_gpus(cell, quantmatrix_settings):
+        try:
+            return store.resolve_hub(*ck.source.value, configs_only=True)
+        except CheckpointUnavailable:
+            pass  # not even the configs: the checkpoint's own skip or failure says how to get it
+    return request.getfixturevalue("checkpoint_dir")
 
 
 @pytest.fixture
@@ -103,11 +145,11 @@ def vllm() -> Any:
 
 
 @pytest.fixture
-def resolution(checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> Resolution:
-    """vLLM's config resolution of the cell's checkpoint, once per checkpoint per session."""
+def resolution(config_dir: Path, vllm: Any, quantmatrix_session: Session) -> Resolution:
+    """vLLM's config resolution of the cell's checkpoint (its config files), once per checkpoint per session."""
     from quantmatrix.adapter import config
 
-    return quantmatrix_session.once(("resolution", checkpoint_dir), lambda: config.resolve(checkpoint_dir))
+    return quantmatrix_session.once(("resolution", config_dir), lambda: config.resolve(config_dir))
 
 
 def _build(session: Session, checkpoint_dir: Path, cell: Cell, every_layer: bool = False) -> layers.LayerBuild:
@@ -166,6 +208,17 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
         return kernel.kernel_format(layer)
 
     return quantmatrix_session.once(("kernel_format", checkpoint_dir, cell.arch.name), run)
+
+
+@pytest.fixture
+def observed_reads(cell: Cell, engine_checkpoint: Any, vllm: Any, quantmatrix_session: Session) -> Observation:
+    """What the cell's backend really reads, measured on this host's GPU with the checkpoint the engine runs (a
+    synthetic one's GPU-sized twin), once per (checkpoint, arch)."""
+    from quantmatrix.engine import observed
+
+    path = engine_checkpoint.path
+    return quantmatrix_session.once(("observed_reads", path, cell.arch.name),
+                                    lambda: observed.measure(path, cell.arch.capability))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ misspelt name, the closest valid one.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,11 @@ from quantmatrix.schema.model import (
     Waiver,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
-from quantmatrix.schema.vocab import PRODUCERS, TIERS, VLLM_PARTS
+from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, TIERS, VLLM_PARTS
 from quantmatrix.schema.yamldoc import (
     Doc,
     Field,
+    as_bool,
     as_date,
     as_text,
     closest,
@@ -65,6 +67,8 @@ _TOP = {
     "moe_backends": _nodes("MoE kernel backends and what they read (over the packaged read-sets)", required=False),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
+    "allow_floating_revisions": Field(as_bool, "accept a hub revision that is a branch or tag (default false: "
+                                      "every hub revision a 40-hex commit)", required=False, default=False),
 }
 
 
@@ -240,6 +244,17 @@ def _checkpoints(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, S
     return tuple(_checkpoint(doc, node, i, schemes, seen) for i, node in enumerate(nodes))
 
 
+def _check_pinned(checkpoints: tuple[Checkpoint, ...]) -> None:
+    """A branch or tag moves under the nightly: yesterday's references and today's run would test different
+    weights, and JUnit could not say which. Pinning is the default; a matrix opts out by name."""
+    for c in checkpoints:
+        if c.source.kind == "hub" and not re.fullmatch(HUB_COMMIT, c.source.value[1]):
+            repo, revision = c.source.value
+            raise MatrixError(f"{c.source.where}: checkpoint {c.id!r}: revision {revision!r} of {repo} is a "
+                              "floating ref (a branch or tag, `main` when absent); pin the 40-hex commit it "
+                              "resolves to, or set `allow_floating_revisions: true` at the top of the matrix")
+
+
 def _check_per_arch(archs: tuple[Arch, ...], schemes: Mapping[str, Scheme], checkpoints: tuple[Checkpoint, ...],
                     backends: Mapping[str, MoeBackend]) -> None:
     """A per-arch expectation names existing archs, and a pinned backend is one the matrix describes."""
@@ -313,6 +328,8 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     schemes = _schemes(doc, top["schemes"])
     checks, narrowed = _checks(doc, top["checks"], schemes)
     checkpoints = _checkpoints(doc, top["checkpoints"], schemes)
+    if not top["allow_floating_revisions"]:
+        _check_pinned(checkpoints)
     backends = moe_backends.merged(moe_backends.parse(doc, top["moe_backends"]))
     _check_per_arch(archs, schemes, checkpoints, backends)
     sel = _Selectors(doc, {

@@ -21,7 +21,8 @@ LINT_CODES = ("config", "missing_tensor", "unexpected_tensor", "bad_dtype", "bad
 # as the hub spells them, and a 40-hex commit or a plain branch/tag name (`refs/pr/N` too); nothing that can climb
 # out of the cache (`..`, a leading `/`) or start a second shell command.
 HUB_REPO = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
-HUB_REVISION = r"[0-9a-f]{40}|refs/pr/[0-9]{1,9}|[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
+HUB_COMMIT = r"[0-9a-f]{40}"
+HUB_REVISION = HUB_COMMIT + r"|refs/pr/[0-9]{1,9}|[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
 
 
 def bad_hub_repo(repo: str) -> str | None:

