@@ -174,3 +174,13 @@ def test_two_workers_asking_for_one_group_start_it_once(tmp_path):
     answers = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert answers[0] == answers[1] == ["timeout: no result after 3 s", 1]
     assert len(engine.Store(tmp_path).starts()) == 1
+
+
+def test_mode_only_variables_come_from_the_mode_never_from_the_shell():
+    """A runner exporting QUANTMATRIX_GUARD (or a poison) must not guard or poison every mode's engine."""
+    from quantmatrix.guard.plugin import ENV as GUARD
+
+    shell = {"QUANTMATRIX_GUARD": "refuse", "QUANTMATRIX_POISON": "zero", "HOME": "/root"}
+    plain = engine.child_env(E2E, _cell("default"), "cpu", shell)
+    assert GUARD not in plain and "QUANTMATRIX_POISON" not in plain and plain["HOME"] == "/root"
+    assert engine.child_env(E2E, _cell("guard"), "cpu", {})[GUARD] == "refuse"

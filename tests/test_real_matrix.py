@@ -132,9 +132,9 @@ def test_real_cases_skip_with_the_download_line_on_an_arch_whose_cache_is_empty(
             if case.cell.arch.name == "sm121")
     proc = _pytest(tmp_path, "--arch", "gb10", "-m", "sm121 and gpu")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # config and lint once (default mode) on each checkpoint; e2e (4 checks, 6 modes, no invariance of `default`
-    # against itself) on the two that fit one GPU
-    assert f"{n} skipped" in proc.stdout and n == 2 * len(real.checkpoints) + 2 * (4 * 6 - 1)
+    # config and lint once (default mode) on each checkpoint; e2e (4 checks in every mode, no invariance of
+    # `default` against itself) on the two that fit one GPU
+    assert f"{n} skipped" in proc.stdout and n == 2 * len(real.checkpoints) + 2 * (4 * len(real.modes) - 1)
     for c in real.checkpoints:
         repo, revision = c.source.value
         assert f"run: hf download {repo} --revision {revision}" in proc.stdout

@@ -25,3 +25,7 @@ class CheckpointUnavailable(QuantmatrixError):
 
 class ReportError(QuantmatrixError):
     """The nightly report cannot be made as asked (bad arguments, an unreadable previous summary)."""
+
+
+class BisectError(QuantmatrixError):
+    """A bisect cannot start as asked: an unknown release or case, an unreadable index or report."""

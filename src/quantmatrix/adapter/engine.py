@@ -42,7 +42,7 @@ def is_moe_layer(module: Any) -> bool:
     return type(module).__name__ in MOE_LAYER_CLASSES
 
 
-def _backend(quant_method: Any) -> tuple[str | None, str | None]:
+def backend_of(quant_method: Any) -> tuple[str | None, str | None]:
     """The MoE backend a quant method selected: the enum stored next to `experts_cls` (nvfp4_backend,
     unquantized_backend, fp8_backend, ...). (attribute, value) or (None, None) when it keeps none."""
     import enum
@@ -65,7 +65,7 @@ def moe_layer_facts(model: Any) -> dict[str, dict[str, Any]]:
                                   "quantmatrix/adapter/engine.py")
         wrapped = getattr(qm, "old_quant_method", None)  # a modular kernel wraps the method it replaced
         source = wrapped if wrapped is not None else qm
-        attr, backend = _backend(source)
+        attr, backend = backend_of(source)
         experts = getattr(source, "experts_cls", None)
         out[name] = {"quant_method": type(source).__name__, "runtime_method": type(qm).__name__,
                      "backend": backend, "backend_attr": attr,
@@ -121,3 +121,27 @@ def device() -> dict[str, Any]:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     return {"name": f"cpu ({platform.processor() or platform.machine()})", "capability": None,
             "cuda_visible_devices": None}
+
+
+def timed_model_loads(sink: list[float]) -> None:
+    """Append the wall time of every model load in this process (BaseModelLoader.load_model: build, load weights,
+    post-process) to `sink`: what bench/bench_guard.py compares with and without the guard."""
+    import functools
+    import importlib
+    import time
+
+    cls = getattr(importlib.import_module(_LOADER_MODULE), "BaseModelLoader", None)
+    if cls is None or not callable(getattr(cls, "load_model", None)):
+        raise AdapterMismatch(f"{_LOADER_MODULE}.BaseModelLoader.load_model is gone: update "
+                              "quantmatrix/adapter/engine.py")
+    load_model = cls.load_model
+
+    @functools.wraps(load_model)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return load_model(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - start)
+
+    cls.load_model = timed

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from quantmatrix.adapter import config, engine, layers
-from quantmatrix.adapter.versions import package_versions
+from quantmatrix.adapter.versions import package_versions, require_supported
 
 # Each part of vLLM the adapter uses, as the modules it imports (kept beside the code that imports them).
 PARTS: dict[str, tuple[str, ...]] = {"config": config.MODULES, "layers": layers.MODULES, "engine": engine.MODULES}
@@ -115,6 +115,7 @@ def _failing_import(tb: Any) -> str | None:
 
 
 def _step(module: str) -> None:
+    require_supported()  # a vLLM older than the adapter knows is broken for quantmatrix, whatever imports
     importlib.import_module(module)
     if module == "vllm.model_executor.layers.quantization":  # its quant classes are imported when asked for
         get = importlib.import_module(module).get_quantization_config

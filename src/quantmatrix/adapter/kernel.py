@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from quantmatrix.adapter import simulate
 from quantmatrix.adapter.layers import MoELayer
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
@@ -14,8 +15,11 @@ from quantmatrix.errors import AdapterMismatch
 ALPHAS = ("g1_alphas", "g2_alphas")
 ACTIVATION_SCALES = ("a1_gscale", "a2_gscale")
 # What a conversion that needs CUDA raises on a CPU-only host (torch, vLLM's _C ops, the driver).
+# (The CUDA build on a CPU host: its platform has no num_compute_units, flashinfer wants a cuda device, humming
+# enters torch.cuda.device.)
 CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' object has no attribute",
-             "No CUDA GPUs are available", "Found no NVIDIA driver")
+             "No CUDA GPUs are available", "Found no NVIDIA driver", "num_compute_units is not implemented",
+             "device must be a cuda device", "invalid argument to exchangeDevice")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +40,7 @@ def convert(layer: MoELayer) -> Any:
     from vllm.config import set_current_vllm_config
 
     method = layer.experts.quant_method
-    with set_current_vllm_config(layer.vllm_config):
+    with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without):
         method.process_weights_after_loading(layer.experts)
         return method.get_fused_moe_quant_config(layer.experts)
 
@@ -45,7 +49,7 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
     """Convert a freshly loaded layer and read the quant config; a conversion that needs CUDA says which op."""
     try:
         quant_config = convert(layer)
-    except (AssertionError, AttributeError, RuntimeError) as e:
+    except (AssertionError, AttributeError, RuntimeError, ValueError) as e:  # NotImplementedError is a RuntimeError
         text = f"{type(e).__name__}: {e}"
         if any(marker in text for marker in CUDA_ONLY):
             return KernelFormat(needs_cuda=f"vLLM's kernel-format conversion for {layer.backend} needs CUDA on "
@@ -81,6 +85,6 @@ def forward(layer: MoELayer, hidden: Any) -> Any:
     from vllm.forward_context import set_forward_context
 
     convert(layer)
-    with set_current_vllm_config(layer.vllm_config), \
+    with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without), \
             set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]):
         return layer.block(hidden)

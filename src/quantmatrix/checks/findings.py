@@ -1,0 +1,98 @@
+"""One layer's parameters judged against one backend's reads: the verdict code the post-load audit
+(checks.sentinel, which finds unloaded elements with two sentinel fills) and the production guard (quantmatrix.guard,
+which records what vLLM's weight loaders wrote) share. Each measures which elements were never loaded; this module
+turns that mask and the loaded values into Findings, so both name the same tensors, experts and kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from quantmatrix.adapter.roles import role_of
+from quantmatrix.checks.audit import AuditReport, Finding
+
+SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
+
+
+def expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
+    """Expert rows (dim 0) where `mask` holds anywhere; () for a tensor that is not indexed by expert."""
+    if mask.dim() == 0 or mask.shape[0] != num_experts:
+        return ()
+    return tuple(int(i) for i in torch.nonzero(mask.reshape(num_experts, -1).any(dim=1)).flatten())
+
+
+def judge_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, torch.Tensor], backend: str,
+                reads: frozenset[str], single_input_scale: bool, num_experts: int,
+                extra: Iterable[Finding] = ()) -> AuditReport:
+    """Findings for every parameter of one layer. `unloaded[name]` is a bool mask that broadcasts against the
+    parameter (its full shape, one entry per expert row shaped [E, 1, ...], or a scalar)."""
+    findings = list(extra)
+    loaded_names = set()
+    for name, p in params.items():
+        role = role_of(name)
+        is_read = role in reads
+        mask = unloaded[name]
+        if mask.any():
+            rows = expert_rows(mask, num_experts)
+            share = (f"{int(mask.sum())}/{mask.numel()} elements" if mask.shape == p.shape
+                     else f"{len(rows)}/{num_experts} experts" if rows else "not written")
+            findings.append(Finding(name, role, "unloaded", rows, is_read, share))
+        if not bool(mask.all()):
+            loaded_names.add(name)
+        if role in SCALE_ROLES:
+            findings += _scale_findings(name, role, p, ~mask, num_experts, is_read, single_input_scale)
+        elif role == "weight" and p.dtype.is_floating_point:
+            findings += _weight_findings(name, role, p, ~mask, num_experts, is_read)
+    return AuditReport(backend, reads, tuple(findings), frozenset(loaded_names))
+
+
+def _nonfinite_detail(values: torch.Tensor, bad: torch.Tensor) -> str:
+    nan = int(torch.isnan(values).logical_and(bad).sum())
+    inf = int(bad.sum()) - nan
+    return ", ".join(w for w in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if w)
+
+
+_CHUNK = 1 << 26  # elements per isfinite() pass: bounds the transient bool tensor to 64 MiB
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """One bandwidth-bound pass, in dim-0 chunks so a large expert tensor never needs a full-size mask."""
+    if values.dim() == 0 or values.numel() <= _CHUNK:
+        return bool(torch.isfinite(values).all())
+    rows = max(1, _CHUNK // max(1, values[0].numel()))
+    return all(bool(torch.isfinite(values[i:i + rows]).all()) for i in range(0, values.shape[0], rows))
+
+
+def _weight_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int,
+                     is_read: bool) -> list[Finding]:
+    """Non-finite weights: one pass over the tensor; rows and counts only when it fails."""
+    values = p.data
+    if all_finite(values):
+        return []
+    bad = ~torch.isfinite(values) & loaded
+    if not bad.any():
+        return []
+    return [Finding(name, role, "nonfinite", expert_rows(bad, n_exp), is_read, _nonfinite_detail(values, bad))]
+
+
+def _scale_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int, is_read: bool,
+                    single_input_scale: bool) -> list[Finding]:
+    values = p.data.float()
+    out = []
+    nonfinite = ~torch.isfinite(values)
+    tests = {"nonfinite": nonfinite, "negative": values < 0}
+    if role != "block_scale":  # an all-zero weight block may legitimately carry a zero block scale
+        tests["zero"] = values == 0
+    for kind, bad in tests.items():
+        bad = bad & loaded
+        if bad.any():
+            detail = _nonfinite_detail(values, bad) if kind == "nonfinite" else ""
+            out.append(Finding(name, role, kind, expert_rows(bad, n_exp), is_read, detail))
+    if role == "input_scale" and is_read and single_input_scale and bool(loaded.all()):
+        finite = values[torch.isfinite(values)]
+        if finite.numel() and float(finite.min()) != float(finite.max()):
+            out.append(Finding(name, role, "varies", (), is_read,
+                               f"{float(finite.min()):.4g}..{float(finite.max()):.4g} across experts; the backend "
+                               "takes one value per layer (vLLM uses the max)"))
+    return out

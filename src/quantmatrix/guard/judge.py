@@ -1,0 +1,96 @@
+"""The guard's verdict: every recorded layer judged against its backend's read-set (the packaged read-sets, or a
+matrix's) by the post-load audit's own code (checks.findings, checks.audit.problem_of), and one refusal text that
+names the layer, tensor, experts, backend, checkpoint file and what to do."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+from quantmatrix.adapter import loaders
+from quantmatrix.checks import findings
+from quantmatrix.checks.audit import AuditReport, Finding, problem_of
+from quantmatrix.errors import AdapterMismatch
+from quantmatrix.guard.record import Layer, Recorder, unloaded_mask
+from quantmatrix.schema.model import MoeBackend
+from quantmatrix.schema.vocab import ROLES
+
+# A backend without a read-set reads whatever it was given, except activation scales when vLLM's own method says
+# activations stay unquantized (a weight-only linear method registers a W4A16 checkpoint's input_scale only to drop it).
+EVERY_ROLE = frozenset(ROLES)
+WEIGHT_ONLY_ROLES = EVERY_ROLE - {"input_scale"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerResult:
+    layer: str
+    kind: str
+    method: str
+    backend: str
+    weight_only: bool
+    known_backend: bool
+    report: AuditReport
+
+    @property
+    def problems(self) -> list[Finding]:
+        return self.report.read_but_unloaded + self.report.unusable
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    layers: tuple[LayerResult, ...]
+    tensors: int
+
+    @property
+    def problems(self) -> list[tuple[LayerResult, Finding]]:
+        return [(r, f) for r in self.layers for f in r.problems]
+
+
+def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend]) -> LayerResult:
+    method, backend, weight_only = loaders.method_and_backend(layer.module)
+    known = backends.get(backend)
+    reads = known.reads if known is not None else WEIGHT_ONLY_ROLES if weight_only else EVERY_ROLE
+    experts = loaders.num_local_experts(layer.module) if layer.kind == "moe" else -1
+    params = {f"{layer.name}.{n}": p for n, p in layer.params.items()}
+    masks = {f"{layer.name}.{n}": unloaded_mask(layer, n) for n in layer.params}
+    report = findings.judge_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
+                                  experts)
+    return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report)
+
+
+def judge(recorder: Recorder, backends: Mapping[str, MoeBackend]) -> Outcome:
+    if recorder.errors:
+        raise AdapterMismatch(f"{len(recorder.errors)} weight_loader call(s) could not be read, e.g. "
+                              f"{recorder.errors[0]}; update quantmatrix/adapter/loaders.py")
+    results = tuple(judge_layer(layer, backends) for layer in recorder.layers)
+    return Outcome(results, sum(len(r.params) for r in recorder.layers))
+
+
+def _advice(result: LayerResult) -> str:
+    roles = {f.role for f in result.report.read_but_unloaded}
+    if result.report.unusable and not roles:
+        return "the checkpoint itself is broken (values no kernel can use): re-export or re-download it"
+    if "input_scale" in roles and result.weight_only:
+        return (f"a weight-only checkpoint routed to a backend that reads activation scales: route it with "
+                f"{loaders.ROUTE_WEIGHT_ONLY}, or use a vLLM that routes weight-only NVFP4 to Marlin")
+    if roles == {"input_scale"}:
+        return (f"the checkpoint lacks input_scale for these experts: re-export it with calibrated activation "
+                f"scales, or serve it weight-only with {loaders.ROUTE_WEIGHT_ONLY}")
+    return "the checkpoint lacks tensors this backend reads: it is incomplete or broken; re-export it"
+
+
+def refusal(outcome: Outcome, files: Callable[[str], list[str]]) -> str:
+    """One paragraph per offending layer (what the audit would say, plus the file and the fix)."""
+    parts = []
+    for r in outcome.layers:
+        if not r.problems:
+            continue
+        words = f"layer {r.layer} ({r.method}{', weight-only' if r.weight_only else ''})"
+        text = problem_of(r.report, words, r.weight_only) or ""
+        if not r.known_backend:
+            text += (f" [backend {r.backend} has no read-set in quantmatrix/data/backends.yaml: every tensor it "
+                     f"was given counts as read{', except input_scale (weight-only)' if r.weight_only else ''}]")
+        prefix = r.layer.rsplit(".", 1)[0] + "." if r.kind == "linear" else r.layer + "."
+        where = ", ".join(files(prefix)) or "(checkpoint files not local)"
+        parts.append(f"{text}\n  checkpoint file(s) for {prefix}*: {where}\n  what to do: {_advice(r)}")
+    return "\n".join(parts)

