@@ -127,3 +127,34 @@ def test_simulation_restores_the_platform_and_fails_loudly_when_it_does_not_take
     with pytest.raises(AdapterMismatch), simulate.simulate(DEFAULT.arch("sm120").capability):
         pass
     assert current_platform.get_device_capability() == before
+
+
+def test_a_pinned_audit_expectation_fails_a_checkpoint_missing_one_planted_fault(tmp_path, monkeypatch):
+    """The bad-scale-values export without its inf input_scale: the audit still finds `zero` and `nonfinite`, so
+    the kind-only expectation passes it; the matrix's pins (each fault on its tensor) fail it and name the one
+    that is gone. The full export passes its pins."""
+    import dataclasses
+
+    from quantmatrix.schema.model import Source
+
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    arch = DEFAULT.arch("sm121")
+    ck = _checkpoint("qwen3moe-tiny-nvfp4-w4a4-bad-scale-values")
+    pins = ck.expectation("audit", arch)
+    corrupt = tuple(p for p in ck.source.value["corrupt_tensors"]
+                    if p[0] != "model.layers.0.mlp.experts.1.down_proj.input_scale")
+    assert len(corrupt) == 2
+    two = dataclasses.replace(ck, id=ck.id + "-two", source=Source(
+        "synthetic", {**ck.source.value, "corrupt_tensors": corrupt}, ck.source.where))
+    reports = {}
+    for c in (ck, two):
+        path = store.materialize(c)
+        build = layers.build(path, arch.capability, every_layer=True)
+        backend = DEFAULT.moe_backends[build.layer.backend]
+        reports[c.id] = sentinel.audit(build.layers, sentinel.checkpoint_tensors(path), backend.reads,
+                                       backend.single_input_scale)
+    assert len(pins) == 3 and audit.problem_of(reports[ck.id], ck.id, False, pins) is None
+    assert audit.problem_of(reports[two.id], two.id, False, ("zero", "nonfinite")) is None
+    problem = audit.problem_of(reports[two.id], two.id, False, pins)
+    assert problem.endswith("[the matrix also expected: nonfinite on "
+                            "model.layers.0.mlp.experts.1.down_proj.input_scale]"), problem

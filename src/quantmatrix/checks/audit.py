@@ -8,8 +8,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 
 from quantmatrix.adapter.layers import LayerBuild
+from quantmatrix.adapter.roles import checkpoint_names
+from quantmatrix.checks.expected import describe, unmatched
 from quantmatrix.checks.verdict import Verdict
-from quantmatrix.schema.model import Case, MoeBackend
+from quantmatrix.schema.model import Case, MoeBackend, TensorFinding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,14 +83,17 @@ def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
 
 
 def problem_of(report: AuditReport, cell_words: str, weight_only_checkpoint: bool,
-               expected: Iterable[str] = ()) -> str | None:
-    """None when the audit found exactly what the matrix expects (usually nothing), else what breaks and why."""
+               expected: Iterable[str | TensorFinding] = ()) -> str | None:
+    """None when the audit found exactly what the matrix expects (usually nothing), else what breaks and why.
+    Compared as the lint's findings are (checks.expected): a kind anywhere, or a kind pinned to checkpoint tensors
+    (a fused parameter's finding stands for the tensors its expert rows were loaded from, adapter.roles)."""
     problems = report.read_but_unloaded + report.unusable
-    found = {f.kind for f in problems}
-    if found == set(expected):
+    missing, unfound, extra = unmatched(expected, problems, lambda f: f.kind,
+                                        lambda f: checkpoint_names(f.param, f.experts))
+    if not (missing or unfound or extra):
         return None
     if not problems:
-        return (f"{cell_words}: the matrix expects the audit to find {', '.join(sorted(expected))} in tensors "
+        return (f"{cell_words}: the matrix expects the audit to find {describe(expected)} in tensors "
                 f"backend {report.backend} reads, but every read tensor was loaded and usable")
     names = "; ".join(f.describe() for f in problems)
     head = f"{cell_words}: backend {report.backend} reads tensors that"
@@ -104,8 +109,5 @@ def problem_of(report: AuditReport, cell_words: str, weight_only_checkpoint: boo
                "memory held (0.0 on GB10 zeroed every expert)")
         if weight_only_checkpoint:
             why = " - weight-only checkpoint routed to a W4A4 fused-MoE backend: it has no input_scale" + why
-    missing = set(expected) - found
-    tail = f" [the matrix also expected: {', '.join(sorted(missing))}]" if missing else ""
+    tail = f" [the matrix also expected: {describe([*missing, *unfound])}]" if missing or unfound else ""
     return f"{head}: {names}{why}{tail}"
-
-

@@ -5,15 +5,15 @@ numbers that decided."""
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from quantmatrix.checkpoints.configs import config_files
-from quantmatrix.checkpoints.lint import LEAVES, NVFP4_LEAVES, Finding, LintReport, declared
+from quantmatrix.checkpoints.lint import LEAVES, NVFP4_LEAVES, LintReport, declared
 from quantmatrix.checkpoints.store import base_spec, materialize_spec, spec_of
+from quantmatrix.checks.expected import unmatched
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.schema.model import Case, TensorFinding
 from quantmatrix.schema.synthetic import SyntheticSpec
@@ -39,19 +39,9 @@ def lint_verdict(case: Case, report: LintReport) -> Verdict:
 def lint_problem(expected: tuple[str | TensorFinding, ...], report: LintReport) -> str | None:
     """Every expected code appears (a pinned one on each tensor its glob names: three planted `bad_value`s are
     three findings, not one code) and every finding is expected, by code or by code and tensor."""
-    codes = {e for e in expected if isinstance(e, str)}
-    pinned = [e for e in expected if isinstance(e, TensorFinding)]
-
-    def at(f: Finding, e: TensorFinding) -> bool:
-        return f.code == e.code and fnmatch.fnmatchcase(f.name, e.tensor)
-
-    parts = []
-    missing = sorted(codes - report.codes())
-    if missing:
-        parts.append(f"expected findings {missing} did not appear")
-    parts += [f"expected {e.code} on {e.tensor}: no such finding there" for e in pinned
-              if not any(at(f, e) for f in report.findings)]
-    extra = [f for f in report.findings if f.code not in codes and not any(at(f, e) for e in pinned)]
+    missing, unfound, extra = unmatched(expected, report.findings, lambda f: f.code, lambda f: (f.name,))
+    parts = [f"expected findings {missing} did not appear"] if missing else []
+    parts += [f"expected {e.code} on {e.tensor}: no such finding there" for e in unfound]
     if extra:
         parts.append(f"unexpected findings {sorted({f.code for f in extra})}" + "".join(
             f"\n  {f.code}: {f}" for f in extra))

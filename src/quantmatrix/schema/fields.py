@@ -136,16 +136,18 @@ def pattern(doc: Doc, node: yaml.Node, what: str) -> str:
     return text
 
 
-_TENSOR_FINDING = {"code": Field(one_of(LINT_CODES), "the finding code"),
-                   "tensor": Field(as_text, "a glob over full tensor names where the finding must be")}
+def finding_item(codes: tuple[str, ...]) -> Callable[[Doc, yaml.Node, str], str | TensorFinding]:
+    """An expected finding: a code expected somewhere, or {code, tensor}: the code expected on the tensors the
+    glob names (the lint's and the audit's expectations alike)."""
+    fields = {"code": Field(one_of(codes), "the finding code"),
+              "tensor": Field(as_text, "a glob over full tensor names where the finding must be")}
 
-
-def lint_item(doc: Doc, node: yaml.Node, what: str) -> str | TensorFinding:
-    """A finding code expected somewhere, or {code, tensor}: the code expected on the tensors the glob names."""
-    if isinstance(node, yaml.MappingNode):
-        rec = doc.record(node, what, _TENSOR_FINDING)
-        return TensorFinding(rec["code"], rec["tensor"])
-    return one_of(LINT_CODES)(doc, node, what)
+    def item(doc: Doc, node: yaml.Node, what: str) -> str | TensorFinding:
+        if isinstance(node, yaml.MappingNode):
+            rec = doc.record(node, what, fields)
+            return TensorFinding(rec["code"], rec["tensor"])
+        return one_of(codes)(doc, node, what)
+    return item
 
 
 EXPECT_FIELDS: dict[str, Field] = {
@@ -156,13 +158,14 @@ EXPECT_FIELDS: dict[str, Field] = {
     "activation_scales": Field(lambda d, n, w: per_arch(d, n, w, one_of(ACTIVATION_SCALES)),
                                "whether the selected MoE backend must read input_scale: read, not_read or any "
                                "(a value, or per arch {sm90: any, '*': read})", required=False),
-    "audit": Field(lambda d, n, w: per_arch(d, n, w, list_of(one_of(AUDIT_FAILURES))), "what the post-load "
-                   "audit must find in tensors the backend reads ([] = all loaded and usable), or per arch",
+    "audit": Field(lambda d, n, w: per_arch(d, n, w, list_of(finding_item(AUDIT_FAILURES))), "what the post-load "
+                   "audit must find in tensors the backend reads ([] = all loaded and usable): a kind anywhere, or "
+                   "{code: kind, tensor: glob over checkpoint names}; or per arch",
                    required=False),
     "moe_backend": Field(lambda d, n, w: per_arch(d, n, w, list_of(as_text)),
                          "MoE backends acceptable, per arch ({sm100: [FLASHINFER_TRTLLM], '*': [...]})",
                          required=False),
-    "lint": Field(list_of(lint_item), "the checkpoint lint's findings ([] = clean): a code anywhere, or "
+    "lint": Field(list_of(finding_item(LINT_CODES)), "the checkpoint lint's findings ([] = clean): a code anywhere, or "
                   "{code, tensor} where the matrix names the tensor (each planted fault found where it is)",
                   required=False),
     **e2e.EXPECT_FIELDS,

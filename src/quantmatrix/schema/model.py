@@ -88,8 +88,9 @@ class PerArch(dict):
 
 @dataclasses.dataclass(frozen=True)
 class TensorFinding:
-    """An expected lint finding pinned to tensors: `code` on every tensor the glob `tensor` names (full names,
-    e.g. model.layers.1.mlp.experts.2.up_proj.weight_scale), so each planted fault must be found where it is."""
+    """An expected lint or audit finding pinned to tensors: `code` on every tensor the glob `tensor` names (full
+    checkpoint names, e.g. model.layers.1.mlp.experts.2.up_proj.weight_scale), so each planted fault must be found
+    where it is (checks.expected)."""
 
     code: str
     tensor: str
