@@ -30,7 +30,9 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/kernel.py": ["tests/test_verdict_branches.py", "tests/test_dispatch_branches.py"],
     "src/quantmatrix/checks/quality.py": ["tests/test_oracle_branches.py", "tests/test_verdict_branches.py"],
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
-    "src/quantmatrix/checks/audit.py": ["tests/test_layers_vllm.py"],
+    "src/quantmatrix/checks/audit.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/checks/findings.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/checks/expected.py": ["tests/test_audit_branches.py", "tests/test_lint_branches.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
     "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
     "src/quantmatrix/checks/checkpoint.py": [

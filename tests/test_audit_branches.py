@@ -45,6 +45,7 @@ def test_describe_names_one_expert_several_experts_or_none_and_the_detail():
     assert _f("w2_input_scale", "zero", (0, 1, 2, 5, 7, 8), detail="d").describe() == (
         EXPERTS + "w2_input_scale [experts 0-2,5,7-8]: zero (d)")
     assert _f("w2_input_scale", "varies").describe() == EXPERTS + "w2_input_scale: varies"
+    assert _f("w2_input_scale", "zero", (4, 5)).describe() == EXPERTS + "w2_input_scale [experts 4-5]: zero"
 
 
 def test_ranges_sorts_and_joins_runs():
@@ -205,12 +206,14 @@ def test_an_undescribed_backend_or_a_missing_report_fails(matrix):
 
 def test_the_verdict_judges_against_the_matrix_expectation_for_the_arch_and_records_notes(matrix):
     ck = "qwen3moe-tiny-nvfp4-w4a4-bad-scale-values"
-    notes = (_f("w13_input_scale", "unloaded", (0, 1), read=False), _f("w2_input_scale", "varies", detail="x"))
+    notes = (_f("w13_input_scale", "unloaded", (0, 1), read=False), _f("w2_input_scale", "varies", detail="x"),
+             _f("w2_input_scale", "unloaded", (1,), read=False), _f("w13_input_scale", "varies"))
     v = audit.audit_verdict(case_for(matrix, ck, "post_load_audit"), _build(), matrix.moe_backends,
                             _report(*PLANTED, *notes))
     assert v.problem is None
-    assert v.properties == [("moe_backend", "VLLM_CUTLASS"), ("unloaded_unread", notes[0].describe()),
-                            ("audit_notes", notes[1].describe())]
+    assert v.properties == [("moe_backend", "VLLM_CUTLASS"),
+                            ("unloaded_unread", f"{notes[0].describe()}; {notes[2].describe()}"),
+                            ("audit_notes", f"{notes[1].describe()}; {notes[3].describe()}")]
     sm90 = audit.audit_verdict(case_for(matrix, ck, "post_load_audit", "sm90"), _build("MARLIN"),
                                matrix.moe_backends, _report(*PLANTED))
     assert "nonfinite" in sm90.problem and sm90.problem.startswith(
