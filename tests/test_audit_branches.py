@@ -253,6 +253,24 @@ def test_all_finite_scalar_small_and_chunked(monkeypatch):
     assert not findings.all_finite(t)
 
 
+def test_all_finite_passes_over_the_fewest_chunks_of_at_most_a_chunk_or_one_row(monkeypatch):
+    """The chunking bounds the transient mask (a large expert tensor never needs a full-size one): each pass
+    covers whole dim-0 rows, as many as fit in _CHUNK elements, at least one."""
+    isfinite, sizes = torch.isfinite, []
+
+    def recorded(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(tuple(t.shape))
+        return isfinite(t)
+
+    monkeypatch.setattr(findings, "_CHUNK", 8)
+    monkeypatch.setattr(torch, "isfinite", recorded)
+    for shape, passes in (((20,), [(8,), (8,), (4,)]), ((3, 4), [(2, 4), (1, 4)]), ((2, 4), [(2, 4)]),
+                          ((3, 20), [(1, 20)] * 3), ((1, 20), [(1, 20)]), ((0, 4), [(0, 4)]), ((), [()])):
+        sizes.clear()
+        assert findings.all_finite(torch.ones(shape)), shape
+        assert sizes == passes, shape
+
+
 def test_nonfinite_detail_counts_nan_and_inf():
     v = torch.tensor([float("nan"), float("inf"), float("-inf"), 1.0])
     assert findings._nonfinite_detail(v, ~torch.isfinite(v)) == "1 NaN, 2 inf"
@@ -309,9 +327,10 @@ def test_scale_thresholds_at_their_boundaries(value, kinds):
     for leaf, role in (("w2_weight_scale_2", "global_scale"), ("w2_input_scale", "input_scale"),
                        ("w2_weight_scale", "block_scale")):
         p = torch.tensor([1.0, value])
-        got = [(f.kind, f.experts, f.role) for f in _judge({leaf: p}).findings]
+        got = [(f.kind, f.experts, f.role, f.detail) for f in _judge({leaf: p}).findings]
         want = [k for k in kinds if not (role == "block_scale" and k == "zero")]
-        assert got == [(k, (1,), role) for k in want], (leaf, value)
+        counted = "1 NaN" if value != value else "1 inf"  # only a non-finite finding counts its values
+        assert got == [(k, (1,), role, counted if k == "nonfinite" else "") for k in want], (leaf, value)
 
 
 def test_bad_scale_values_in_unloaded_elements_are_holes_not_values():
