@@ -33,6 +33,7 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/audit.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checks/findings.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checks/expected.py": ["tests/test_audit_branches.py", "tests/test_lint_branches.py"],
+    "src/quantmatrix/adapter/roles.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
     "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
     "src/quantmatrix/checks/checkpoint.py": [
