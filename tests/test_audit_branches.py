@@ -12,7 +12,7 @@ import torch
 from matrixkit import case_for
 
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
-from quantmatrix.adapter.roles import checkpoint_names
+from quantmatrix.adapter.roles import checkpoint_names, role_of
 from quantmatrix.checks import audit, findings
 from quantmatrix.checks.audit import AuditReport, Finding
 from quantmatrix.schema.load import load
@@ -68,6 +68,17 @@ def test_report_splits_read_holes_unusable_values_and_notes():
 
 
 # ------------------------------------------------------------------------------------------ checkpoint names
+
+
+def test_roles_of_both_producers_leaves_fused_or_not_and_everything_else_is_other():
+    for leaf, role in (("weight", "weight"), ("weight_packed", "weight"), ("weight_scale", "block_scale"),
+                       ("weight_scale_2", "global_scale"), ("weight_global_scale", "global_scale"),
+                       ("input_scale", "input_scale"), ("input_global_scale", "input_scale")):
+        assert role_of(leaf) == role
+        assert role_of(f"{EXPERTS}w13_{leaf}") == role_of(f"{EXPERTS}w2_{leaf}") == role
+        assert role_of(f"model.layers.0.mlp.experts.3.down_proj.{leaf}") == role
+    for other in ("bias", "model.layers.0.mlp.gate.bias", f"{EXPERTS}w13_bias", "weight_scale.x", "w4_weight"):
+        assert role_of(other) == "other", other
 
 
 def test_a_fused_parameter_stands_for_its_experts_projections_in_both_namings():
