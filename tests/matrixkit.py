@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from quantmatrix.host import detect
 from quantmatrix.schema.model import Case, Cell, Matrix
 
 SMALL = """\
@@ -47,3 +50,15 @@ def case_for(matrix: Matrix, checkpoint_id: str, check: str, arch: str = "sm121"
     """The matrix's case of `check` on one cell, as the plugin would parametrize it."""
     ck = next(c for c in matrix.checkpoints if c.id == checkpoint_id)
     return Case(matrix.checks[check], Cell(ck, matrix.arch(arch), matrix.mode(mode)), None)
+
+
+def gpu_less_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, suite: str,
+                   matrix: str = SMALL) -> pytest.Pytester:
+    """A pytester suite over `matrix` on a host whose CUDA queries are faked to find no device (so any host
+    agrees)."""
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
+    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
+    pytester.makefile(".yaml", m=matrix)
+    pytester.makepyfile(test_suite=suite)
+    return pytester

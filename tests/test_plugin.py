@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from matrixkit import SMALL
+from matrixkit import SMALL, gpu_less_suite
 
 from quantmatrix.host import detect
 
@@ -21,12 +21,7 @@ def test_gpu_probe(cell):
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A suite over SMALL on a host whose CUDA queries are faked to find no device (so any host agrees)."""
-    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
-    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
-    pytester.makefile(".yaml", m=SMALL)
-    pytester.makepyfile(test_suite=SUITE)
-    return pytester
+    return gpu_less_suite(pytester, monkeypatch, SUITE)
 
 
 def _collected(result: pytest.RunResult) -> list[str]:

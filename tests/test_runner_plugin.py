@@ -8,10 +8,9 @@ from __future__ import annotations
 from xml.etree import ElementTree as ET
 
 import pytest
-from matrixkit import SMALL
+from matrixkit import gpu_less_suite
 
 from quantmatrix.adapter import versions
-from quantmatrix.host import detect
 from quantmatrix.pytest_plugin.runner import worker_gpus
 
 SUITE = """
@@ -32,12 +31,7 @@ WHEEL = "https://wheels.vllm.ai/66a168a19aa1f3a1b9c3e6d2f05e4c3b2a1d0e9f/vllm-0.
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
-    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked: no CUDA"))
-    monkeypatch.delenv(detect.ARCH_ENV, raising=False)
-    pytester.makefile(".yaml", m=SMALL)
-    pytester.makepyfile(test_suite=SUITE)
-    return pytester
+    return gpu_less_suite(pytester, monkeypatch, SUITE)
 
 
 def _junit(path) -> tuple[dict[str, str], list[tuple[str, dict[str, str], str | None]]]:
@@ -117,3 +111,11 @@ def test_a_worker_without_gpus_of_its_own_is_a_usage_error():
     with pytest.raises(pytest.UsageError, match=r"worker gw2 has no 2 GPUs of its own \(4 visible: 0,1,2,3\); "
                                                 r"run with -n 2"):
         worker_gpus("gw2", 2, ["0", "1", "2", "3"])
+
+
+@pytest.mark.parametrize("flag", ["--time-limit", "--vllm-health-timeout"])
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan"])
+def test_a_time_option_that_is_not_a_positive_number_is_a_usage_error_naming_its_flag(suite, flag, value):
+    result = suite.runpytest("--matrix", "m.yaml", f"{flag}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{flag} needs a positive number of seconds, not '{value}'*"])

@@ -32,16 +32,6 @@ def _arch_option(value: str) -> str:
     return value.strip()
 
 
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise pytest.UsageError(f"--vllm-health-timeout needs a positive number of seconds, not {value!r}")
-    return seconds
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
     group.addoption("--matrix", default=None, metavar="FILE", help=MATRIX_HELP)
@@ -53,7 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--strict-checkpoints", action="store_true", default=False,
                     help="fail, instead of skip, cases whose hub checkpoint is not in the local HF cache "
                          "(for a runner that is supposed to hold them: see `quantmatrix fetch`)")
-    group.addoption("--vllm-health-timeout", type=_seconds, default=120.0, metavar="S",
+    group.addoption("--vllm-health-timeout", type=runner.positive_seconds("--vllm-health-timeout"),
+                    default=120.0, metavar="S",
                     help="time limit of the one-per-session check that the vLLM under test imports (default 120)")
     runner.add_options(group)
     parser.addini("quantmatrix_matrix", MATRIX_HELP, default=None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -22,21 +23,24 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise pytest.UsageError(f"--time-limit needs a positive number of seconds, not {value!r}")
-    return seconds
+def positive_seconds(flag: str) -> Callable[[str], float]:
+    """An option type that names its flag when the value is not a positive number of seconds."""
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = 0.0
+        if not seconds > 0:
+            raise pytest.UsageError(f"{flag} needs a positive number of seconds, not {value!r}")
+        return seconds
+    return parse
 
 
 def add_options(group: pytest.OptionGroup) -> None:
     group.addoption("--gpus-per-worker", type=_positive_int, default=None, metavar="N",
                     help="under pytest-xdist, pin each worker to its own N GPUs with CUDA_VISIBLE_DEVICES "
                          "(worker gwK gets GPUs K*N .. K*N+N-1 of those visible); run with -n <GPUs / N>")
-    group.addoption("--time-limit", type=_seconds, default=None, metavar="S",
+    group.addoption("--time-limit", type=positive_seconds("--time-limit"), default=None, metavar="S",
                     help="after S seconds, skip every case not yet started as 'not run' (the JUnit file is "
                          "still written; the report counts those cases as untested)")
 
