@@ -1,6 +1,6 @@
 """vLLM's weight-loading seams as the production guard (quantmatrix.guard) sees them: which modules are MoE and
 linear layers, how a parameter's `weight_loader` is called (which shard, which expert), which shards a parameter
-needs, the backend a layer selected, the logger vLLM prints, and the setting that routes MoE elsewhere. Every name
+needs, the backend a layer selected, and the setting that routes MoE elsewhere. Every name
 here is vLLM 0.32's; when one moves, these functions raise AdapterMismatch instead of guessing."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import Any
 from quantmatrix.adapter import engine
 from quantmatrix.errors import AdapterMismatch
 
-# vLLM configures handlers on its "vllm" logger; a child logger's lines land in vLLM's own log.
-LOGGER = "vllm.quantmatrix_guard"
 # What moves a weight-only NVFP4 MoE layer onto a backend that never reads input_scale.
 ROUTE_WEIGHT_ONLY = "`--moe-backend marlin` (vllm serve) or `LLM(..., moe_backend=\"marlin\")`"
 ALL_ROWS = -1  # a loader call that wrote every expert row at once (a 3-D loaded tensor)

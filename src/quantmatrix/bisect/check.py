@@ -12,10 +12,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from quantmatrix.errors import BisectError
+from quantmatrix.report import read
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 _MESSAGE_CHARS = 600
@@ -86,32 +86,27 @@ def run_case(python: Path, root: Path, case_id: str, timeout_s: float, log: Path
 
 
 def read_junit(junit: Path, nodeid: str) -> Outcome:
-    """The verdict of `nodeid`'s testcase (an error in setup and a failure in the call both count)."""
-    try:
-        tree = ET.parse(junit)
-    except (OSError, ET.ParseError) as e:
-        return Outcome(SKIP, "not run", f"pytest wrote no readable JUnit ({e}); see the log")
+    """The verdict of `nodeid`'s testcase, read as the nightly report reads JUnit (report.read): a failure is
+    bad, a pass is good, anything else (an error in setup or teardown, a skip, a waiver) says nothing."""
+    f = read.read_file(str(junit))
+    if f.problem:
+        return Outcome(SKIP, "not run", f"pytest wrote no readable JUnit ({f.problem}); see the log")
     path, _, name = nodeid.partition("::")
-    classname = path.removesuffix(".py").replace("/", ".")
-    cases = [c for c in tree.iter("testcase") if c.get("name") == name and c.get("classname") == classname]
-    if not cases:
-        errors = [e.get("message", "") for e in tree.iter("error")]
+    key = f"{path.removesuffix('.py').replace('/', '.')}::{name}"
+    rows = [r for r in f.rows if r.key == key]
+    if not rows:
+        errors = [r.message for r in f.rows if r.outcome == "error"]
         why = f": {errors[0][:_MESSAGE_CHARS]}" if errors else ""
         return Outcome(SKIP, "not run", f"{nodeid} was not collected{why}")
-    suite = {p.get("name") for s in tree.iter("testsuite") for p in s.findall("properties/property")}
-    props = {p.get("name") or "": p.get("value") or "" for c in cases for p in c.iter("property")}
-    recorded = tuple((k, v) for k, v in props.items() if k not in suite and k not in _CELL_PROPS)
-    outcome = Outcome(GOOD, "passed", "", recorded)
-    for case in cases:  # a call failure and a teardown error are two records of one case
-        for tag in ("failure", "error", "skipped"):
-            el = case.find(tag)
-            if el is None:
-                continue
-            text = (el.get("message") or el.text or "").strip()[:_MESSAGE_CHARS]
-            if props.get("vllm_health") == "broken":
-                return Outcome(SKIP, "vllm broken", text)
-            if tag == "failure" and outcome.outcome == "passed":
-                outcome = Outcome(BAD, "failed", text, recorded)
-            elif tag != "failure":
-                return Outcome(SKIP, "error" if tag == "error" else "skipped", text)
-    return outcome
+    props = {**f.common, **{k: v for r in rows for k, v in r.props.items()}}
+    recorded = tuple((k, v) for k, v in props.items() if k not in f.properties and k not in _CELL_PROPS)
+    text = "\n".join(r.message for r in rows if r.message)[:_MESSAGE_CHARS]
+    outcomes = {r.outcome for r in rows}  # a call failure and a teardown error are two records of one case
+    if props.get("vllm_health") == "broken" and outcomes != {"passed"}:
+        return Outcome(SKIP, "vllm broken", text)
+    if outcomes <= {"passed", "xpassed"} and not text:  # a waived case that passed ran and passed
+        return Outcome(GOOD, "passed", "", recorded)
+    if outcomes <= {"passed", "failed"}:
+        return Outcome(BAD, "failed", text, recorded)
+    said = next(o for o in ("error", "skipped", "waived", "xpassed") if o in outcomes)
+    return Outcome(SKIP, said, text)

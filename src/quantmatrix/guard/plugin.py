@@ -21,7 +21,8 @@ from typing import Any
 
 ENV = "QUANTMATRIX_GUARD"
 BACKENDS_ENV = "QUANTMATRIX_GUARD_BACKENDS"  # optional matrix file whose moe_backends override the packaged ones
-_LOG = logging.getLogger("vllm.quantmatrix_guard")  # adapter.loaders.LOGGER, without importing it first
+# vLLM configures handlers on its "vllm" logger, so a child logger's lines land in vLLM's own log.
+_LOG = logging.getLogger("vllm.quantmatrix_guard")
 
 
 class GuardRefusal(RuntimeError):

@@ -121,7 +121,7 @@ def axes_of(key: str, props: Mapping[str, str]) -> Axes:
     return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get("scheme", ""))
 
 
-def _read(path: str, today: datetime.date | None = None) -> FileRead:
+def read_file(path: str, today: datetime.date | None = None) -> FileRead:
     """Read one JUnit file; any problem is reported, never raised, so the other files still merge."""
     out = FileRead(path)
     try:
@@ -206,11 +206,11 @@ def reading(paths: list[str], today: datetime.date | None, jobs: int) -> Iterato
     processes are already parsing when this yields, so the caller's own work overlaps theirs."""
     jobs = min(jobs, len(paths) // 16)
     if jobs <= 1:
-        yield (_read(p, today) for p in paths)
+        yield (read_file(p, today) for p in paths)
         return
     pool = ProcessPoolExecutor(jobs)
     try:
-        yield pool.map(_read, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8)))
+        yield pool.map(read_file, paths, [today] * len(paths), chunksize=max(1, len(paths) // (jobs * 8)))
     finally:
         pool.shutdown(cancel_futures=True)
 
