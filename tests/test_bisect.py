@@ -16,6 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from quantmatrix import properties as P
 from quantmatrix.bisect import candidates as cand
 from quantmatrix.bisect.check import read_junit
 from quantmatrix.bisect.repack import repack
@@ -289,19 +290,19 @@ def test_from_report_takes_the_range_a_real_report_names(junit_suite, tmp_path, 
 
 def test_a_case_failed_by_the_vllm_health_gate_gives_no_verdict(pytester):
     """The health gate fails every case when the vLLM under test does not import: that release is skipped."""
-    pytester.makepyfile(test_gate='''
+    pytester.makepyfile(test_gate=f'''
         def test_case(record_property):
-            record_property("vllm_health", "broken")
+            record_property("{P.VLLM_HEALTH}", "{P.HEALTH_BROKEN}")
             raise AssertionError("vLLM under test broken: import vllm.config failed")
 
         def test_green(record_property):
-            record_property("resolved_scheme", "weight_only")
+            record_property("{P.RESOLVED_SCHEME}", "weight_only")
     ''')
     pytester.runpytest("-p", "no:quantmatrix", "-p", "no:quantmatrix_e2e", "--junitxml=j.xml")
     got = read_junit(pytester.path / "j.xml", "test_gate.py::test_case")
     assert (got.verdict, got.outcome) == ("skip", "vllm broken") and "vllm.config" in got.message
     green = read_junit(pytester.path / "j.xml", "test_gate.py::test_green")
-    assert green.verdict == "good" and green.describe() == "passed: resolved_scheme=weight_only"
+    assert green.verdict == "good" and green.describe() == f"passed: {P.RESOLVED_SCHEME}=weight_only"
     assert read_junit(pytester.path / "j.xml", "test_gate.py::test_gone").outcome == "not run"
 
 

@@ -12,6 +12,7 @@ import torch
 from matrixkit import case_for
 from safetensors.torch import save_file
 
+from quantmatrix import properties as P
 from quantmatrix.checkpoints import nvfp4
 from quantmatrix.checkpoints.lint import Declared, LintReport
 from quantmatrix.checks import checkpoint
@@ -41,17 +42,17 @@ def test_the_logit_bounds_are_inclusive():
 def test_dequant_verdict_names_the_cell_and_records_both_numbers(matrix):
     case = case_for(matrix, W4A4, "dequant_logits")
     ok = checkpoint.dequant_verdict(case, LogitError(0.123456, 0.87654))
-    assert ok.problem is None and ok.properties == [("logit_rel_error", 0.12346), ("top1_agreement", 0.8765)]
+    assert ok.problem is None and ok.properties == [(P.LOGIT_REL_ERROR, 0.12346), (P.TOP1_AGREEMENT, 0.8765)]
     bad = checkpoint.dequant_verdict(case, LogitError(0.5, 0.5))
     assert bad.problem == f"{W4A4}@sm121-default: " + LogitError(0.5, 0.5).problem()
 
 
 def test_hf_and_lint_verdicts_record_what_decided(matrix):
     hf = checkpoint.hf_verdict(case_for(matrix, "qwen3moe-tiny-bf16", "hf_reference"), ([[1, 2]], "differs"))
-    assert (hf.problem, hf.properties) == ("differs", [("greedy_ids", [[1, 2]])])
+    assert (hf.problem, hf.properties) == ("differs", [(P.HF_GREEDY_TOKEN_IDS, [[1, 2]])])
     report = LintReport(Path("ck"), Declared("modelopt", "w4a4", "why", ()), 9, 1, 3, [])
     v = checkpoint.lint_verdict(case_for(matrix, W4A4, "checkpoint_lint"), report)
-    assert (v.problem, v.properties) == (None, [("lint_declared", "modelopt w4a4"), ("lint_findings", 0)])
+    assert (v.problem, v.properties) == (None, [(P.LINT_DECLARED, "modelopt w4a4"), (P.LINT_FINDINGS, 0)])
 
 
 def _export(d: Path, producer: str) -> torch.Tensor:
@@ -118,7 +119,7 @@ def test_lint_verdict_fails_on_an_unexpected_finding_and_lists_each(matrix):
     v = checkpoint.lint_verdict(case_for(matrix, W4A4, "checkpoint_lint"), report)
     assert v.problem.splitlines()[:3] == ["lint: unexpected findings ['bad_dtype', 'bad_value']",
                                           "  bad_value: m.a input_scale: is inf", "  bad_dtype: m.b weight: is F32"]
-    assert v.properties == [("lint_declared", "modelopt w4a4"), ("lint_findings", 2)]
+    assert v.properties == [(P.LINT_DECLARED, "modelopt w4a4"), (P.LINT_FINDINGS, 2)]
 
 
 def test_the_bf16_model_of_a_synthetic_checkpoint_is_its_family_base(matrix, monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 from matrixkit import write
 
 from quantmatrix import cli
+from quantmatrix import properties as P
 from quantmatrix.host import detect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,10 +64,10 @@ def test_run_writes_junit_into_its_report_dir_and_passes_pytest_args(tmp_path, m
     cases = [c for s in xml for c in s]
     assert len(cases) == 1  # once per checkpoint and arch: a mode does not change config resolution
     props = {p.name: p.value for block in cases[0].iterchildren(junitparser.Properties) for p in block}
-    assert props["resolved_scheme"] == "weight_only" and props["vllm_version"] != "not installed"
+    assert props[P.RESOLVED_SCHEME] == "weight_only" and props[P.VLLM_VERSION] != "not installed"
     suite = next(iter(xml))
     host = {p.name: p.value for p in suite.properties()}
-    assert host["matrix"].endswith("default.yaml") and host["run_id"] == "r" and "torch_version" in host
+    assert host[P.MATRIX].endswith("default.yaml") and host[P.RUN_ID] == "r" and P.TORCH_VERSION in host
 
 
 def test_run_with_nothing_selected_is_not_a_pass(tmp_path, monkeypatch):

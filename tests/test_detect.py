@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 from matrixkit import write
 
+from quantmatrix import properties as P
 from quantmatrix.checks import hardware
 from quantmatrix.host import detect, probe
+from quantmatrix.pytest_plugin.settings import Settings
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Case, Cell
 
@@ -103,3 +107,18 @@ def test_device_identity_verdict_with_probe_results_faked(matrix, arch, mode, se
     """The gpu-tier identity check judges (faked) probe output: exact arch, and the mode's allocator in effect."""
     problem = hardware.device_verdict(Case(None, _cell(matrix, arch, mode), None), seen).problem
     assert (problem is None) if fragment is None else (fragment in problem), problem
+
+
+def test_device_identity_records_what_cuda0_is_under_names_the_plugin_does_not_stamp(matrix):
+    """Each property once per case: the probe's device and capability have names of their own, apart from the
+    host's device list (DEVICE_NAME, DEVICE_CAPABILITY) and every other name the plugin puts on each case."""
+    seen = probe.Seen("NVIDIA GB10", (12, 1), 1, 0)
+    v = hardware.device_verdict(Case(None, _cell(matrix, "sm121", "nocache"), None), seen)
+    assert v.properties == [(P.PROBED_DEVICE, "NVIDIA GB10"), (P.PROBED_CAPABILITY, "12.1"),
+                            (P.RESERVED_AFTER_FREE, 0)]
+    host = detect.Host((detect.Device(0, "NVIDIA GB10", (12, 1)),), "--arch")
+    settings = Settings(matrix=matrix, matrix_source="test", host=host, strict_hardware=False,
+                        strict_checkpoints=False, today=datetime.date.today(), runner="runner-1")
+    stamped = {name for name, _ in settings.host_properties()} | P.CELL_PROPERTIES
+    assert {P.DEVICE_NAME, P.DEVICE_CAPABILITY} <= stamped
+    assert not stamped & {name for name, _ in v.properties}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report import diff
 from quantmatrix.report.diff import Differ, Previous
@@ -140,10 +141,10 @@ def test_alternating_outcomes_are_also_flaky():
 
 def test_history_takes_vllm_from_the_case_or_its_file_and_none_for_a_missing_night():
     prev = _prev({KEY: _was("passed", file=0), OTHER: _was("missing", "passed@0.9")},
-                 common={"vllm_version": "0.11 rc1"})
+                 common={P.VLLM_VERSION: "0.11 rc1"})
     assert _diff(prev, _case("passed")).history == "passed@0.11rc1"
     assert _diff(prev, _case("passed", OTHER)).history == "missing passed@0.9"
-    prev.inputs[0] = {"path": "a.xml", "common": {}, "properties": {"vllm_version": "0.12"}}
+    prev.inputs[0] = {"path": "a.xml", "common": {}, "properties": {P.VLLM_VERSION: "0.12"}}
     assert _diff(prev, _case("passed")).history == "passed@0.12"
     assert _diff(_prev({KEY: _was("passed", vllm_version="0.13")}), _case("passed")).history == "passed@0.13"
     assert _diff(_prev({KEY: _was("passed")}), _case("passed")).history == "passed"
@@ -222,14 +223,14 @@ def _summary(tmp_path: Path, data: object) -> Path:
 
 
 GOOD = {"schema": SCHEMA, "night": "n1", "date": "2026-12-01", "nights": [{"night": "n0", "date": "2026-11-30"}],
-        "inputs": [{"path": "a.xml", "common": {"vllm_version": "1"}, "properties": {}}],
-        "cases": {KEY: {"outcome": "passed", "properties": {"arch": "sm121"}, "file": 0, "history": "failed"}}}
+        "inputs": [{"path": "a.xml", "common": {P.VLLM_VERSION: "1"}, "properties": {}}],
+        "cases": {KEY: {"outcome": "passed", "properties": {P.ARCH: "sm121"}, "file": 0, "history": "failed"}}}
 
 
 def test_load_previous_reads_a_summary_and_rebuilds_case_properties(tmp_path):
     prev = diff.load_previous(_summary(tmp_path, GOOD))
     assert (prev.night, prev.date, prev.nights) == ("n1", "2026-12-01", GOOD["nights"])
-    assert prev.props(prev.cases[KEY]) == {"vllm_version": "1", "arch": "sm121"}
+    assert prev.props(prev.cases[KEY]) == {P.VLLM_VERSION: "1", P.ARCH: "sm121"}
     assert prev.props({"properties": {"a": "b"}}) == {"a": "b"}
 
 
@@ -296,17 +297,17 @@ def _junit(*results: object, out: str | None = None) -> object:
     return case
 
 
-WAIVED = {"waiver_reason": "vLLM #1", "waiver_link": "https://x/1", "waiver_expires": "2026-12-04",
-          "waiver_expired": "false"}
+WAIVED = {P.WAIVER_REASON: "vLLM #1", P.WAIVER_LINK: "https://x/1", P.WAIVER_EXPIRES: "2026-12-04",
+          P.WAIVER_EXPIRED: "false"}
 
 
 @pytest.mark.parametrize(("props", "today", "expired"), [
-    ({"waiver_expired": "true"}, None, True),
+    ({P.WAIVER_EXPIRED: "true"}, None, True),
     (WAIVED, None, False),  # no date to compare: the plugin's own flag decides
     (WAIVED, "2026-12-04", False),  # the last day of a waiver still counts
     (WAIVED, "2026-12-05", True),
-    ({**WAIVED, "waiver_expires": "soon"}, "2026-12-05", False),
-    ({"waiver_reason": "r"}, "2026-12-05", False),
+    ({**WAIVED, P.WAIVER_EXPIRES: "soon"}, "2026-12-05", False),
+    ({P.WAIVER_REASON: "r"}, "2026-12-05", False),
 ])
 def test_a_waiver_expires_after_its_last_day(props, today, expired):
     import datetime
@@ -337,7 +338,7 @@ def test_outcomes_of_junit_results_and_waivers():
     assert read._outcome(_junit(), WAIVED, None) == ("xpassed", "", "")
     assert read._outcome(_junit(), WAIVED, late) == ("failed", "waiver expired 2026-12-04: vLLM #1 (https://x/1)",
                                                      "")
-    assert read._outcome(_junit(Skipped("known", "pytest.xfail")), {**WAIVED, "waiver_link": ""}, late) == (
+    assert read._outcome(_junit(Skipped("known", "pytest.xfail")), {**WAIVED, P.WAIVER_LINK: ""}, late) == (
         "failed", "waiver expired 2026-12-04: vLLM #1\nknown", "")
     assert read._outcome(_junit(Error("e")), WAIVED, late)[:2] == (
         "error", "waiver expired 2026-12-04: vLLM #1 (https://x/1)\ne")
@@ -365,8 +366,8 @@ def test_finish_carries_a_missing_case_after_one_that_has_a_result():
     d.finish(cases, [_input("sm121")])
     carried = cases[OTHER]
     assert (carried.outcome, carried.own, carried.common, carried.history) == (
-        "missing", {"arch": "sm120"}, {}, "passed failed")
-    assert carried.entry == (f'{json.dumps(OTHER)}:{{"outcome":"missing","properties":{{"arch":"sm120"}},'
+        "missing", {P.ARCH: "sm120"}, {}, "passed failed")
+    assert carried.entry == (f'{json.dumps(OTHER)}:{{"outcome":"missing","properties":{{"{P.ARCH}":"sm120"}},'
                              '"message":"no result tonight (last result: n3)","history":"passed failed"}')
 
 

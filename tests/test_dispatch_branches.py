@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from matrixkit import case_for
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.kernel import KernelFormat
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
@@ -80,9 +81,9 @@ def test_config_verdict_records_what_vllm_decided(matrix, tmp_path):
     got = Resolution("modelopt_fp4", "ModelOptNvFp4Config", "W4A16_NVFP4", "weight_only")
     v = _config(matrix, WO, _write(tmp_path), got)
     assert v.problem is None and v.skip is None
-    assert v.properties == [("config_shape", SHAPE), ("quant_method", "modelopt_fp4"),
-                            ("quant_config_class", "ModelOptNvFp4Config"), ("resolved_algo", "W4A16_NVFP4"),
-                            ("resolved_scheme", "weight_only")]
+    assert v.properties == [(P.CONFIG_SHAPE, SHAPE), (P.QUANT_METHOD, "modelopt_fp4"),
+                            (P.QUANT_CONFIG_CLASS, "ModelOptNvFp4Config"), (P.RESOLVED_ALGO, "W4A16_NVFP4"),
+                            (P.RESOLVED_SCHEME, "weight_only")]
 
 
 NVFP4_ON_BF16 = "packed NVFP4 weights would be loaded into bf16 layers"
@@ -137,12 +138,12 @@ def _layer(matrix, ck: str, build: LayerBuild, arch: str = "sm121"):
 def test_layer_verdict_records_the_method_and_backend(matrix):
     v = _layer(matrix, WO, _build("MARLIN", True))
     assert v.problem is None and v.properties == [
-        ("moe_method", "ModelOptNvFp4FusedMoE"), ("moe_backend", "MARLIN"), ("moe_weight_only", "true"),
-        ("layer_build_error", "")]
-    assert _layer(matrix, W4A4, _build("VLLM_CUTLASS", False)).properties[2] == ("moe_weight_only", "false")
+        (P.MOE_METHOD, "ModelOptNvFp4FusedMoE"), (P.MOE_BACKEND, "MARLIN"), (P.MOE_WEIGHT_ONLY, "true"),
+        (P.LAYER_BUILD_ERROR, "")]
+    assert _layer(matrix, W4A4, _build("VLLM_CUTLASS", False)).properties[2] == (P.MOE_WEIGHT_ONLY, "false")
     refused = _layer(matrix, WO, LayerBuild(None, "ValueError: x"))
-    assert refused.properties == [("moe_method", ""), ("moe_backend", ""), ("moe_weight_only", ""),
-                                  ("layer_build_error", "ValueError: x")]
+    assert refused.properties == [(P.MOE_METHOD, ""), (P.MOE_BACKEND, ""), (P.MOE_WEIGHT_ONLY, ""),
+                                  (P.LAYER_BUILD_ERROR, "ValueError: x")]
 
 
 @pytest.mark.parametrize(("ck", "build", "message"), [
@@ -193,10 +194,10 @@ WON = f"{WO}@sm121-default (backend MARLIN {ON})"
 
 def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
     v = _kernel(matrix, W4A4, _build("VLLM_CUTLASS", False), KernelFormat(None, "Q", GOOD, ("a1_gscale", "a2_gscale")))
-    assert v.problem is None and v.properties == [("quant_config", "Q"), ("activation_scales_kept",
+    assert v.problem is None and v.properties == [(P.QUANT_CONFIG, "Q"), (P.ACTIVATION_SCALES_KEPT,
                                                                           "a1_gscale,a2_gscale")]
     none = _kernel(matrix, WO, _build("MARLIN", True), KernelFormat(None, None))
-    assert none.properties == [("quant_config", ""), ("activation_scales_kept", "")]
+    assert none.properties == [(P.QUANT_CONFIG, ""), (P.ACTIVATION_SCALES_KEPT, "")]
 
 
 @pytest.mark.parametrize(("ck", "build", "kf", "message"), [

@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from matrixkit import SMALL
 
+from quantmatrix import properties as P
 from quantmatrix.host import detect
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -76,7 +77,7 @@ def test_strict_checkpoints_passes_a_cached_hub_checkpoint(suite, tmp_path):
     cases = ET.parse(suite.path / "j.xml").getroot().iter("testcase")
     props = [{p.get("name"): p.get("value") for p in case.iter("property")} for case in cases]
     assert len(props) == 6
-    assert all((p["checkpoint_revision"], p["checkpoint_snapshot"]) == ("main", COMMIT) for p in props)
+    assert all((p[P.CHECKPOINT_REVISION], p[P.CHECKPOINT_SNAPSHOT]) == ("main", COMMIT) for p in props)
 
 
 def test_strict_checkpoints_leaves_gpu_skips_to_strict_hardware(suite):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from matrixkit import case_for
 
+from quantmatrix import properties as P
 from quantmatrix.checks.observed_reads import observed_reads_verdict
 from quantmatrix.engine.observed import Observation, observe, poison
 from quantmatrix.schema.load import load
@@ -82,7 +83,7 @@ def test_simulated_gpu_kernel_reading_what_its_backend_declares_passes(backend):
     declared = set(DEFAULT.moe_backends[backend].reads)
     v = _verdict(_observe(declared), backend)
     assert v.problem is None, v.problem
-    assert dict(v.properties)["observed_reads"] == ",".join(sorted(declared))
+    assert dict(v.properties)[P.OBSERVED_READS] == ",".join(sorted(declared))
 
 
 def test_simulated_gpu_w4a4_kernel_whose_reads_omit_input_scale_fails_naming_the_tensor():
@@ -108,7 +109,7 @@ def test_a_role_the_layer_does_not_hold_is_not_required():
                        tensors={r: t for r, t in full.tensors.items() if r != "input_scale"})
     v = _verdict(held, "VLLM_CUTLASS", "qwen3moe-tiny-nvfp4-weight-only")
     assert v.problem is None, v.problem
-    assert dict(v.properties)["roles_held"] == "block_scale,global_scale,weight"
+    assert dict(v.properties)[P.ROLES_HELD] == "block_scale,global_scale,weight"
 
 
 def test_nothing_measurable_fails_with_the_reason():

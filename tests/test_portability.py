@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter import layers, simulate
 from quantmatrix.adapter.versions import Span, pick, release
 from quantmatrix.checkpoints import store
@@ -124,7 +125,7 @@ def test_case_records_simulated_without_flashinfer_and_gives_a_verdict(gpu_only_
     result.assert_outcomes(passed=1)
     case = next(ET.parse(junit).iter("testcase"))
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
-    assert (props["simulated_without"], props["moe_backend"]) == ("flashinfer", "VLLM_CUTLASS")
+    assert (props[P.SIMULATED_WITHOUT], props[P.MOE_BACKEND]) == ("flashinfer", "VLLM_CUTLASS")
 
 
 def _tensors(path: Path, prefix: str):

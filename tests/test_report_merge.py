@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.cli import main
 from quantmatrix.errors import ReportError
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
 
 CELLS = ["qwen3moe-tiny-nvfp4-weight-only@sm121-nocache", "qwen3moe-tiny-nvfp4-weight-only@sm120-default",
          "mixtral-tiny-nvfp4-w4a4@sm121-eager", "mixtral-tiny-nvfp4-w4a4@sm100-default"]
-PLUGIN_PROPS = {"checkpoint", "scheme", "producer", "arch", "mode", "check", "kind", "tier", "cell",
-                "vllm_version", "torch_version", "platform", "device_name", "device_capability", "runner"}
-CHECK_PROPS = {"quant_method", "moe_backend", "metric.max_abs_err", "time.load"}
-HOST_PROPS = {"vllm_version", "torch_version", "runner", "host_arch", "device_name", "matrix", "run_id"}
+PLUGIN_PROPS = P.CELL_PROPERTIES | {P.VLLM_VERSION, P.TORCH_VERSION, P.PLATFORM, P.DEVICE_NAME, P.DEVICE_CAPABILITY,
+                                    P.RUNNER}
+CHECK_PROPS = {P.QUANT_METHOD, P.MOE_BACKEND, "metric.max_abs_err", "time.load"}
+HOST_PROPS = {P.VLLM_VERSION, P.TORCH_VERSION, P.RUNNER, P.HOST_ARCH, P.DEVICE_NAME, P.MATRIX, P.RUN_ID}
 
 
 def report_of(*paths: Path, **kw):
@@ -54,11 +55,11 @@ def test_case_and_suite_properties_survive_with_and_without_xdist(junit_suite: S
     assert (workers <= {"gw0", "gw1"}) if xdist else workers == {"main"}
     (inp,) = report.inputs
     assert HOST_PROPS <= inp.properties.keys()
-    assert inp.properties["run_id"] == "props"
+    assert inp.properties[P.RUN_ID] == "props"
     case = report.cases["test_suite::test_config_dispatch[qwen3moe-tiny-nvfp4-weight-only@sm121-nocache]"]
     assert case.axes == ("qwen3moe-tiny-nvfp4-weight-only", "sm121", "nocache", "config_dispatch",
                          "nvfp4_weight_only")
-    assert case.props["device_name"] == "NVIDIA GB10"
+    assert case.props[P.DEVICE_NAME] == "NVIDIA GB10"
 
 
 def test_record_testsuite_property_is_lost_under_xdist_but_stamping_is_not(junit_suite: SuiteRunner) -> None:
@@ -106,7 +107,7 @@ def test_outcomes_waivers_messages_and_log_tails(junit_suite: SuiteRunner) -> No
     assert "out of GPU memory" in error.message
     assert skip.message == "needs 2 GPUs"
     assert waived.message == "FlashInfer MoE NaN on GB10"
-    assert waived.props["waiver_link"] == "https://github.com/example/qm/issues/7"
+    assert waived.props[P.WAIVER_LINK] == "https://github.com/example/qm/issues/7"
     assert got["ck6"].message.startswith("waiver expired 2020-01-01: FlashInfer MoE NaN on GB10")
     assert got["ck7"].message.startswith("waiver expired 2020-01-01")
 
@@ -210,7 +211,7 @@ def test_stamp_is_atomic_idempotent_and_keeps_the_cases(junit_suite: SuiteRunner
     assert xml.stat().st_ino != inode
     assert xml.read_text().count('name="run_id"') == 1
     after = report_of(xml)
-    assert after.inputs[0].properties["run_id"] == "again" and after.inputs[0].properties["extra"] == "1"
+    assert after.inputs[0].properties[P.RUN_ID] == "again" and after.inputs[0].properties["extra"] == "1"
     assert {k: (c.outcome, c.props) for k, c in after.cases.items()} == \
         {k: (c.outcome, c.props) for k, c in before.cases.items()}
     bad = xml.with_name("bad.xml")

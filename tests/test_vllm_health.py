@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from quantmatrix import cli
+from quantmatrix import properties as P
 from quantmatrix.adapter import health
 
 FAKE_INIT = '''
@@ -150,8 +151,8 @@ def test_a_quantization_import_error_fails_every_vllm_case_at_once_with_one_mess
     records = [line for line in result.outlines if line.startswith("quantmatrix: vllm_health:")]
     assert len(records) == 1 and records[0].startswith("quantmatrix: vllm_health: broken: config (")
     xml = (pytester.path / "j.xml").read_text()
-    assert xml.count('<property name="vllm_health" value="broken: config') == 1
-    assert xml.count('<property name="not_tested" value="vllm_broken"') == 2 * CELLS
+    assert xml.count(f'<property name="{P.VLLM_HEALTH}" value="{P.HEALTH_BROKEN}: config') == 1
+    assert xml.count(f'<property name="{P.NOT_TESTED}" value="{P.VLLM_BROKEN}"') == 2 * CELLS
 
 
 def test_a_partly_working_vllm_fails_only_the_checks_that_need_the_broken_part(fake_vllm):

@@ -1,6 +1,7 @@
 """quantmatrix: a cross-hardware regression suite for quantized MoE checkpoints served by vLLM.
 
-Data flows one way, and the packages follow it:
+Data flows one way, and the packages follow it (`errors`, `atomic` and `properties`, the JUnit property names,
+are shared by all):
 
     schema       YAML matrix -> cells (checkpoint x arch x mode) -> cases (a check on a cell)
     host         this machine's GPUs, detected without a CUDA context in the pytest process

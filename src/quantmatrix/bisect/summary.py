@@ -9,6 +9,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from quantmatrix import properties as P
 from quantmatrix.bisect.check import node_id
 from quantmatrix.errors import BisectError, ReportError
 from quantmatrix.report.diff import load_previous
@@ -55,9 +56,9 @@ def range_from_report(summary: Path, case_id: str) -> ReportRange:
     props = prev.props(case)
     f = case.get("file")
     suite = prev.inputs[f]["properties"] if f is not None else {}
-    bad = props.get("vllm_version") or suite.get("vllm_version")
+    bad = props.get(P.VLLM_VERSION) or suite.get(P.VLLM_VERSION)
     if not bad:
-        raise BisectError(f"{summary}: {key} records no vllm_version for tonight; give --bad")
-    package = props.get("vllm_distribution") or suite.get("vllm_distribution") or None
+        raise BisectError(f"{summary}: {key} records no {P.VLLM_VERSION} for tonight; give --bad")
+    package = props.get(P.VLLM_DISTRIBUTION) or suite.get(P.VLLM_DISTRIBUTION) or None
     return ReportRange(_version(rng["last_passed_vllm"], "last_passed_vllm", str(summary)),
-                       _version(bad, "vllm_version", str(summary)), package)
+                       _version(bad, P.VLLM_VERSION, str(summary)), package)

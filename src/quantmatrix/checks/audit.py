@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.adapter.roles import checkpoint_names
 from quantmatrix.checks.expected import describe, unmatched
@@ -77,9 +78,9 @@ def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
     words = f"{ck.id} ({ck.producer}, {ck.scheme.name}) on {arch.describe()}"
     problem = problem_of(report, words, ck.expectation("resolves_to") == "weight_only", ck.expectation("audit", arch))
     return Verdict(problem, properties=[
-        ("moe_backend", report.backend),
-        ("unloaded_unread", "; ".join(f.describe() for f in report.notes if f.kind == "unloaded")),
-        ("audit_notes", "; ".join(f.describe() for f in report.notes if f.kind != "unloaded"))])
+        (P.MOE_BACKEND, report.backend),
+        (P.UNLOADED_UNREAD, "; ".join(f.describe() for f in report.notes if f.kind == "unloaded")),
+        (P.AUDIT_NOTES, "; ".join(f.describe() for f in report.notes if f.kind != "unloaded"))])
 
 
 def problem_of(report: AuditReport, cell_words: str, weight_only_checkpoint: bool,

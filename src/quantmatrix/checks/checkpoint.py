@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.checkpoints.configs import config_files
 from quantmatrix.checkpoints.lint import LEAVES, NVFP4_LEAVES, LintReport, declared
 from quantmatrix.checkpoints.store import base_spec, materialize_spec, spec_of
@@ -32,8 +33,8 @@ def lint_verdict(case: Case, report: LintReport) -> Verdict:
     """The lint's findings must be exactly the ones the matrix expects (none, for a sound export), per tensor
     where the matrix names the tensor."""
     return Verdict(lint_problem(case.cell.checkpoint.expectation("lint"), report), properties=[
-        ("lint_declared", f"{report.declared.producer} {report.declared.scheme}"),
-        ("lint_findings", len(report.findings))])
+        (P.LINT_DECLARED, f"{report.declared.producer} {report.declared.scheme}"),
+        (P.LINT_FINDINGS, len(report.findings))])
 
 
 def lint_problem(expected: tuple[str | TensorFinding, ...], report: LintReport) -> str | None:
@@ -52,7 +53,7 @@ def hf_verdict(case: Case, greedy: tuple[list[list[int]], str | None]) -> Verdic
     """The bf16 model loads in transformers from its own files and continues the prompts as its in-memory
     model does."""
     got, problem = greedy
-    return Verdict(problem, properties=[("greedy_ids", got)])
+    return Verdict(problem, properties=[(P.HF_GREEDY_TOKEN_IDS, got)])
 
 
 def hf_reference(path: Path, spec: SyntheticSpec) -> tuple[list[list[int]], str | None]:
@@ -93,7 +94,7 @@ def dequant_verdict(case: Case, err: LogitError) -> Verdict:
     """The NVFP4 export's dequantized model stays within the logit bounds of the bf16 model it came from."""
     problem = err.problem()
     return Verdict(f"{case.cell.id}: {problem}" if problem else None, properties=[
-        ("logit_rel_error", round(err.rel_error, 5)), ("top1_agreement", round(err.top1, 4))])
+        (P.LOGIT_REL_ERROR, round(err.rel_error, 5)), (P.TOP1_AGREEMENT, round(err.top1, 4))])
 
 
 def base_dir(checkpoint: Any) -> Path:

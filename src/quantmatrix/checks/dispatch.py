@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.checks.verdict import Verdict
@@ -76,8 +77,8 @@ def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
     return Verdict(_config_problem(case.cell.checkpoint, got, shape), properties=[
-        ("config_shape", shape), ("quant_method", got.quant_method), ("quant_config_class", got.config_class),
-        ("resolved_algo", got.algo), ("resolved_scheme", got.scheme)])
+        (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.quant_method), (P.QUANT_CONFIG_CLASS, got.config_class),
+        (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme)])
 
 
 def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
@@ -113,9 +114,9 @@ def layer_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
     matrix accepts."""
     layer = build.layer
     return Verdict(_layer_problem(case, build, backends), properties=[
-        ("moe_method", layer.method if layer else ""), ("moe_backend", layer.backend if layer else ""),
-        ("moe_weight_only", str(layer.weight_only).lower() if layer else ""),
-        ("layer_build_error", build.error or "")])
+        (P.MOE_METHOD, layer.method if layer else ""), (P.MOE_BACKEND, layer.backend if layer else ""),
+        (P.MOE_WEIGHT_ONLY, str(layer.weight_only).lower() if layer else ""),
+        (P.LAYER_BUILD_ERROR, build.error or "")])
 
 
 def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend]) -> str | None:
@@ -145,7 +146,7 @@ def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     if wanted == "read" and not backend.reads_activation_scales:
         return (f"W4A4 checkpoint routed to {backend.name} {on}, which never reads activation scales: its calibrated "
                 "input_scale is discarded and activations run unquantized")
-    pinned = ck.expectation("moe_backend", arch, default=None)
+    pinned = ck.expectation(P.MOE_BACKEND, arch, default=None)
     if pinned is not None and backend.name not in pinned:
         return f"MoE backend {backend.name} selected {on}; the matrix pins {', '.join(pinned)} for this arch"
     return None

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from quantmatrix import properties as P
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.host.probe import Seen
 from quantmatrix.schema.model import Case
 
 
 def device_verdict(case: Case, seen: Seen) -> Verdict:
+    """What cuda:0 of the case's own child is, under names of its own: the host's device list is already on
+    every case (DEVICE_NAME), and a property is written once per case."""
     return Verdict(_problem(case, seen), properties=[
-        ("device_name", seen.name), ("device_capability", f"{seen.capability[0]}.{seen.capability[1]}"),
-        ("reserved_after_free", seen.reserved_after_free)])
+        (P.PROBED_DEVICE, seen.name), (P.PROBED_CAPABILITY, f"{seen.capability[0]}.{seen.capability[1]}"),
+        (P.RESERVED_AFTER_FREE, seen.reserved_after_free)])
 
 
 def _problem(case: Case, seen: Seen) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.kernel import ACTIVATION_SCALES, ALPHAS, KernelFormat
 from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.checks.verdict import Verdict
@@ -22,8 +23,8 @@ def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     if kf.needs_cuda:
         return Verdict(skip=kf.needs_cuda)
     on = f"{case.cell.id} (backend {build.layer.backend} on {arch.describe()})"
-    v = Verdict(properties=[("quant_config", kf.quant_config or ""),
-                            ("activation_scales_kept", ",".join(kf.activation_scales))])
+    v = Verdict(properties=[(P.QUANT_CONFIG, kf.quant_config or ""),
+                            (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))])
     backend = backends.get(build.layer.backend)
     if kf.quant_config is None:
         v.problem = (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what the kernel "

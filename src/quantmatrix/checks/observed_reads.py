@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from quantmatrix import properties as P
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.engine.observed import Observation
 from quantmatrix.schema.model import Case, MoeBackend
@@ -23,9 +24,9 @@ def observed_reads_verdict(case: Case, observation: Observation, backends: Mappi
     held = frozenset(observation.changed)
     declared = backend.reads & held
     seen = observation.read
-    v = Verdict(properties=[("moe_backend", backend.name), ("observed_reads", ",".join(sorted(seen))),
-                            ("declared_reads", ",".join(sorted(backend.reads))),
-                            ("roles_held", ",".join(sorted(held)))])
+    v = Verdict(properties=[(P.MOE_BACKEND, backend.name), (P.OBSERVED_READS, ",".join(sorted(seen))),
+                            (P.DECLARED_READS, ",".join(sorted(backend.reads))),
+                            (P.ROLES_HELD, ",".join(sorted(held)))])
     problems = []
     for role in sorted(seen - declared):
         problems.append(f"the kernel reads {role} ({', '.join(observation.tensors[role])}: poisoning it changed "

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.versions import engine_platform, versions
 from quantmatrix.pytest_plugin import fixtures, health, runner
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
@@ -115,16 +116,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     s = item.config.stash[SETTINGS]
     c = case.cell
     item.user_properties += [
-        ("checkpoint", c.checkpoint.id), ("scheme", c.checkpoint.scheme.name),
-        ("producer", c.checkpoint.producer), ("arch", c.arch.name), ("mode", c.mode.name),
-        ("check", case.check.name), ("kind", case.check.kind), ("tier", case.check.tier), ("cell", c.id),
+        (P.CHECKPOINT, c.checkpoint.id), (P.SCHEME, c.checkpoint.scheme.name),
+        (P.PRODUCER, c.checkpoint.producer), (P.ARCH, c.arch.name), (P.MODE, c.mode.name),
+        (P.CHECK, case.check.name), (P.KIND, case.check.kind), (P.TIER, case.check.tier), (P.CELL, c.id),
         *s.host_properties(),
     ]
     w = case.waiver
     if w is not None:
-        item.user_properties += [("waiver_reason", w.reason), ("waiver_link", w.link),
-                                 ("waiver_expires", str(w.expires)),
-                                 ("waiver_expired", str(w.expired(s.today)).lower())]
+        item.user_properties += [(P.WAIVER_REASON, w.reason), (P.WAIVER_LINK, w.link),
+                                 (P.WAIVER_EXPIRES, str(w.expires)),
+                                 (P.WAIVER_EXPIRED, str(w.expired(s.today)).lower())]
         if w.expired(s.today):
             pytest.fail(f"waiver expired on {w.expires} ({w.where}): {w.reason} ({w.link}); fix the cell or "
                         "renew the waiver", pytrace=False)
@@ -154,10 +155,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not xml or hasattr(config, "workerinput") or s is None or s.matrix is None or not Path(xml).is_file():
         return
     archs = s.host.archs(s.matrix) if s.host else []
-    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), "matrix": str(s.matrix.path),
-                                           "time_limit_s": str(config.getoption("time_limit") or ""),
-                                           "host_arch": " ".join(a.name for a in archs),
-                                           "run_id": os.environ.get("QUANTMATRIX_RUN_ID", ""),
+    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), P.MATRIX: str(s.matrix.path),
+                                           P.TIME_LIMIT_S: str(config.getoption("time_limit") or ""),
+                                           P.HOST_ARCH: " ".join(a.name for a in archs),
+                                           P.RUN_ID: os.environ.get("QUANTMATRIX_RUN_ID", ""),
                                            **health.record(config)})
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.versions import engine_platform
 from quantmatrix.checkpoints import store
 from quantmatrix.checks import e2e as checks_e2e
@@ -170,7 +171,7 @@ class _CaseCounter:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and any(k == "engine_group" for k, _ in report.user_properties):
+        if report.when == "call" and any(k == P.ENGINE_GROUP for k, _ in report.user_properties):
             self.session.e2e_cases.add(report.nodeid)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter import layers
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.kernel import KernelFormat
@@ -97,8 +98,8 @@ def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_sessi
             pytest.skip(str(e))
     path = quantmatrix_session.memo[key]
     if ck.source.kind == "hub":  # resolve_hub returns snapshots/<commit>
-        record_property("checkpoint_revision", ck.source.value[1])
-        record_property("checkpoint_snapshot", path.name)
+        record_property(P.CHECKPOINT_REVISION, ck.source.value[1])
+        record_property(P.CHECKPOINT_SNAPSHOT, path.name)
     return path
 
 
@@ -161,7 +162,7 @@ def _build(session: Session, checkpoint_dir: Path, cell: Cell, every_layer: bool
 def _simulated(build: layers.LayerBuild, record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """Record the optional kernel packages hidden from vLLM for this build: its verdict holds for "without them"."""
     if build.simulated_without:
-        record_property("simulated_without", ",".join(build.simulated_without))
+        record_property(P.SIMULATED_WITHOUT, ",".join(build.simulated_without))
     return build
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.health import Health, check
 from quantmatrix.adapter.versions import versions
 from quantmatrix.atomic import write_atomic
@@ -25,7 +26,7 @@ from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS
 from quantmatrix.schema.model import Case
 
 _WORKER_KEY = "quantmatrix_vllm_health"
-_NOT_TESTED = ("not_tested", "vllm_broken")
+_NOT_TESTED = (P.NOT_TESTED, P.VLLM_BROKEN)
 
 
 def _env_key() -> str:
@@ -77,7 +78,7 @@ def gate(item: pytest.Item, case: Case) -> None:
     health = session_health(item.config)
     message = health.message(case.check.vllm) if health is not None else None
     if message:
-        item.user_properties += [_NOT_TESTED, ("vllm_health", "broken")]
+        item.user_properties += [_NOT_TESTED, (P.VLLM_HEALTH, P.HEALTH_BROKEN)]
         pytest.fail(message, pytrace=False)
 
 
@@ -96,4 +97,4 @@ def summary_lines(config: pytest.Config) -> list[str]:
 def record(config: pytest.Config) -> dict[str, str]:
     """The one `vllm_health` testsuite property (empty when no case needed vLLM)."""
     health = config.stash[SESSION].memo.get("health")
-    return {"vllm_health": health.record()} if health is not None else {}
+    return {P.VLLM_HEALTH: health.record()} if health is not None else {}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.host.detect import Host, detect
@@ -41,9 +42,9 @@ class Settings:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
         props = list(versions().items())
         devices = self.host.devices if self.host else ()
-        props += [("runner", self.runner),
-                  ("device_name", ", ".join(d.name for d in devices)),
-                  ("device_capability", ", ".join(f"{d.capability[0]}.{d.capability[1]}" for d in devices))]
+        props += [(P.RUNNER, self.runner),
+                  (P.DEVICE_NAME, ", ".join(d.name for d in devices)),
+                  (P.DEVICE_CAPABILITY, ", ".join(f"{d.capability[0]}.{d.capability[1]}" for d in devices))]
         return props
 
 

@@ -1,0 +1,131 @@
+"""Every JUnit property quantmatrix writes, named once, with the values that carry a meaning and the encoding of
+the structured ones (pytest's own junitxml.py keeps its property writer and its key format in one module too).
+
+The plugin, the checks and the e2e tier write under these names; the report and bisect read under them. A
+property is written once per case: a check records what it measured under its own name, never a host fact the
+plugin already stamps on every case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+# ------------------------------------------------------------ the case's cell (the plugin, on every case)
+CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE = "checkpoint", "scheme", "producer", "arch", "mode"
+CHECK, KIND, TIER, CELL = "check", "kind", "tier", "cell"
+# what names a case's cell rather than says what it measured
+CELL_PROPERTIES = frozenset({CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE, CHECK, KIND, TIER, CELL})
+
+# -------------------------------------- the host (every case, and the testsuite: per-case copies survive xdist)
+VLLM_VERSION, VLLM_DISTRIBUTION = "vllm_version", "vllm_distribution"
+VLLM_COMMIT, VLLM_WHEEL = "vllm_commit", "vllm_wheel"
+TORCH_VERSION, PLATFORM = "torch_version", "platform"
+RUNNER = "runner"
+DEVICE_NAME, DEVICE_CAPABILITY = "device_name", "device_capability"  # every GPU the host detected
+
+# ---------------------------------------------------------------------------------- testsuite only
+MATRIX, TIME_LIMIT_S, HOST_ARCH, RUN_ID = "matrix", "time_limit_s", "host_arch", "run_id"
+VLLM_HEALTH = "vllm_health"  # the suite's health record: `ok (...)` or `broken: ...` (adapter.health)
+
+# ------------------------------------------------------------------------------ a case under a waiver
+WAIVER_REASON, WAIVER_LINK = "waiver_reason", "waiver_link"
+WAIVER_EXPIRES, WAIVER_EXPIRED = "waiver_expires", "waiver_expired"  # expired: "true" / "false"
+
+# ---------------------------------------------------------------- a case the vLLM health gate failed
+NOT_TESTED, VLLM_BROKEN = "not_tested", "vllm_broken"  # not_tested=vllm_broken: the report's "not tested"
+HEALTH_BROKEN = "broken"  # the case's own VLLM_HEALTH value
+
+# ------------------------------------------------------------------------------ what the fixtures add
+CHECKPOINT_REVISION, CHECKPOINT_SNAPSHOT = "checkpoint_revision", "checkpoint_snapshot"
+SIMULATED_WITHOUT = "simulated_without"
+
+# ------------------------------------------------------------------------------ what the checks measured
+CONFIG_SHAPE, QUANT_METHOD, QUANT_CONFIG_CLASS = "config_shape", "quant_method", "quant_config_class"
+RESOLVED_ALGO, RESOLVED_SCHEME = "resolved_algo", "resolved_scheme"
+MOE_METHOD, MOE_BACKEND, MOE_WEIGHT_ONLY = "moe_method", "moe_backend", "moe_weight_only"
+LAYER_BUILD_ERROR = "layer_build_error"
+LINT_DECLARED, LINT_FINDINGS = "lint_declared", "lint_findings"
+HF_GREEDY_TOKEN_IDS = "hf_greedy_token_ids"  # transformers on the host's CPU: never compared across archs
+LOGIT_REL_ERROR, TOP1_AGREEMENT = "logit_rel_error", "top1_agreement"
+UNLOADED_UNREAD, AUDIT_NOTES = "unloaded_unread", "audit_notes"
+QUANT_CONFIG, ACTIVATION_SCALES_KEPT = "quant_config", "activation_scales_kept"
+OBSERVED_READS, DECLARED_READS, ROLES_HELD = "observed_reads", "declared_reads", "roles_held"
+# device_identity: what cuda:0 of the case's own child process is (the host's list is DEVICE_NAME)
+PROBED_DEVICE, PROBED_CAPABILITY = "probed_device", "probed_capability"
+RESERVED_AFTER_FREE = "reserved_after_free"
+
+# ------------------------------------------------------------------------------------- the e2e tier
+ENGINE_GROUP, ENGINE_WALL_S, ENGINE_FAILURE = "engine_group", "engine_wall_s", "engine_failure"
+MOE_ROUTED, ENGINE_DEVICE = "moe_routed", "engine_device"
+ENGINE_VLLM, ENGINE_TORCH = "engine_vllm", "engine_torch"
+SUITE_OVERHEAD_S, POISON = "suite_overhead_s", "poison"
+DEGENERATION, FIRST_DIVERGENCE, ACCURACY = "degeneration", "first_divergence", "accuracy"
+# The cell's greedy continuations of the e2e prompts, and each position's top-k as ranked token ids: recorded
+# once per cell (on its degeneration case) for the report's cross-arch comparison (report.crossarch).
+GREEDY_TOKEN_IDS, GREEDY_TOP_K = "greedy_token_ids", "greedy_top_k"
+# Judged by the report and kept in the JUnit files, but not carried into summary.json (tomorrow's diff needs none
+# of it; the night's verdict on it is summary.json's `disagreements`): ~10 KB a cell, hundreds of cells a night.
+NOT_SUMMARIZED = frozenset({GREEDY_TOP_K})
+
+
+def engine_timing(stage: str) -> str:
+    """The property of one engine stage's seconds: `engine_load_s` for the child's `load_s`."""
+    return f"engine_{stage}"
+
+
+# ------------------------------------------------------------------------------ the structured values
+
+
+def encode_tokens(seqs: Sequence[Sequence[int]]) -> str:
+    """GREEDY_TOKEN_IDS: one list of token ids per prompt, as compact JSON."""
+    return json.dumps([list(map(int, s)) for s in seqs], separators=(",", ":"))
+
+
+def _int_lists(value: Any, depth: int) -> bool:
+    if depth == 0:
+        return type(value) is int
+    return isinstance(value, list) and all(_int_lists(v, depth - 1) for v in value)
+
+
+def _json(raw: str | None) -> Any:
+    """A property value as JSON; None where it is absent or unreadable (a report reads any file, never raises)."""
+    try:
+        return json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):  # not JSON, an int too long to read, nesting deeper than Python's stack
+        return None
+
+
+def decode_tokens(raw: str | None) -> list[list[int]] | None:
+    """GREEDY_TOKEN_IDS read back; None for a value that is not a JSON list of lists of ints."""
+    value = _json(raw)
+    return value if _int_lists(value, 2) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK:
+    """GREEDY_TOP_K: per prompt, per position, the k most likely token ids, most likely first (fewer where the
+    engine gave fewer finite logprobs)."""
+
+    k: int
+    ranked: list[list[list[int]]]
+
+    def at(self, prompt: int, position: int, k: int) -> list[int]:
+        """The top-k at one position ([] beyond what was recorded)."""
+        seq = self.ranked[prompt] if prompt < len(self.ranked) else []
+        return seq[position][:k] if position < len(seq) else []
+
+
+def encode_top_k(top: TopK) -> str:
+    return json.dumps({"k": top.k, "ranked": top.ranked}, separators=(",", ":"))
+
+
+def decode_top_k(raw: str | None) -> TopK | None:
+    """GREEDY_TOP_K read back; None when absent or not of that shape."""
+    value = _json(raw)
+    if not (isinstance(value, dict) and type(value.get("k")) is int and value["k"] >= 1
+            and _int_lists(value.get("ranked"), 3)):
+        return None
+    return TopK(value["k"], value["ranked"])
