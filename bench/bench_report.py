@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from quantmatrix import properties as P
 from quantmatrix.cli import main
 
 ARCHS = (("sm90", "NVIDIA H100 80GB HBM3", "9.0"), ("sm100", "NVIDIA B200", "10.0"),
@@ -34,22 +35,25 @@ def _case(rnd: random.Random, checkpoint: str, scheme: str, producer: str, arch:
           mode: str, check: int, vllm: str) -> str:
     cell = f"{checkpoint}@{arch[0]}-{mode}"
     e2e = check % 20 == 0
-    props = {"checkpoint": checkpoint, "scheme": scheme, "producer": producer, "arch": arch[0], "mode": mode,
-             "check": f"check{check:02d}", "kind": "e2e" if e2e else "dispatch", "tier": "gpu", "cell": cell,
-             "vllm_version": vllm, "torch_version": "2.9.1+cu130", "platform": "cuda",
-             "device_name": arch[1], "device_capability": arch[2], "runner": f"runner-{arch[0]}-1",
-             "quant_method": "modelopt_fp4", "resolved_scheme": scheme, "moe_backend": "flashinfer_cutlass",
+    props = {P.CHECKPOINT: checkpoint, P.SCHEME: scheme, P.PRODUCER: producer, P.ARCH: arch[0], P.MODE: mode,
+             P.CHECK: f"check{check:02d}", P.KIND: "e2e" if e2e else "dispatch", P.TIER: "gpu", P.CELL: cell,
+             P.VLLM_VERSION: vllm, P.TORCH_VERSION: "2.9.1+cu130", P.PLATFORM: "cuda",
+             P.DEVICE_NAME: arch[1], P.DEVICE_CAPABILITY: arch[2], P.RUNNER: f"runner-{arch[0]}-1",
+             P.QUANT_METHOD: "modelopt_fp4", P.RESOLVED_SCHEME: scheme, P.MOE_BACKEND: "flashinfer_cutlass",
              "metric.max_abs_err": f"{rnd.random() / 100:.6f}", "time.load": f"{rnd.random() * 30:.3f}"}
-    if e2e:
+    if e2e:  # as the degeneration check records them: greedy tokens and each position's top-5
         tokens = [[(p * 7919 + t * 104729) % 151000 for t in range(32)] for p in range(4)]
         if arch[0] == "sm121" and "moe000" in checkpoint:
             tokens[1][5] += 1  # the GB10 bug: one token differs
-        props["greedy_token_ids"] = json.dumps(tokens)
+        props[P.GREEDY_TOKEN_IDS] = P.encode_tokens(tokens)
+        ranked = [[[t + j for j in range(5)] for t in seq] for seq in tokens]
+        props[P.GREEDY_TOP_K] = P.encode_top_k(P.TopK(5, ranked))
     roll = rnd.random()
     body = ""
     if roll < 0.01:
-        props.update(waiver_reason="known FlashInfer MoE issue on this arch", waiver_link="https://example.org/i/1",
-                     waiver_expires="2099-01-01", waiver_expired="false")
+        props.update({P.WAIVER_REASON: "known FlashInfer MoE issue on this arch",
+                      P.WAIVER_LINK: "https://example.org/i/1", P.WAIVER_EXPIRES: "2099-01-01",
+                      P.WAIVER_EXPIRED: "false"})
         body = '<skipped type="pytest.xfail" message="known FlashInfer MoE issue on this arch"/>'
     elif roll < 0.03:
         body = (f'<failure message="AssertionError: max_abs_err {rnd.random():.4f} &gt; 0.01">'
@@ -74,8 +78,8 @@ def generate(root: Path, files: int, cases: int, seed: int, vllm: str) -> None:
         checkpoint = f"moe{n:03d}-tiny-{scheme.replace('_', '-')}"
         suite = "".join(_case(rnd, checkpoint, scheme, producer, arch, mode, c, vllm) for c in range(cases))
         host = "".join(f"<property name={quoteattr(k)} value={quoteattr(v)} />" for k, v in (
-            ("vllm_version", vllm), ("torch_version", "2.9.1+cu130"), ("runner", f"runner-{arch[0]}-1"),
-            ("host_arch", arch[0]), ("device_name", arch[1]), ("matrix", "matrix.yaml"), ("run_id", "123")))
+            (P.VLLM_VERSION, vllm), (P.TORCH_VERSION, "2.9.1+cu130"), (P.RUNNER, f"runner-{arch[0]}-1"),
+            (P.HOST_ARCH, arch[0]), (P.DEVICE_NAME, arch[1]), (P.MATRIX, "matrix.yaml"), (P.RUN_ID, "123")))
         (root / arch[0] / f"junit-{f:04d}.xml").parent.mkdir(exist_ok=True)
         (root / arch[0] / f"junit-{f:04d}.xml").write_text(
             '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'

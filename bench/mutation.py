@@ -36,6 +36,7 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/adapter/roles.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
     "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
+    "src/quantmatrix/report/crossarch.py": ["tests/test_crossarch_branches.py"],
     "src/quantmatrix/checks/checkpoint.py": [
         "tests/test_checkpoint_verdicts.py", "tests/test_lint_branches.py",
         *(f"tests/test_factory.py::{t}" for t in (

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from quantmatrix import properties as P
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -23,11 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
 
 SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
 HOST = SPEC["host"]
-WAIVER = {"waiver_reason": "FlashInfer MoE NaN on GB10", "waiver_link": "https://github.com/example/qm/issues/7"}
+WAIVER = {P.WAIVER_REASON: "FlashInfer MoE NaN on GB10", P.WAIVER_LINK: "https://github.com/example/qm/issues/7"}
 
 
 def _worker(config):
@@ -46,18 +50,18 @@ def pytest_collection_modifyitems(items):
         arch, _, mode = arch_mode.partition("-")
         check = item.originalname.removeprefix("test_")
         behaviour = SPEC["outcomes"].get(f"{check}[{cell}]", "pass")
-        props = {"checkpoint": checkpoint, "scheme": SPEC["schemes"].get(checkpoint, "nvfp4_weight_only"),
-                 "producer": "modelopt", "arch": arch, "mode": mode, "check": check,
-                 "kind": "e2e" if check.startswith("e2e") else "dispatch", "tier": "cpu", "cell": cell,
-                 "vllm_version": HOST["vllm_version"], "torch_version": HOST["torch_version"],
-                 "platform": "cpu", "device_name": SPEC["devices"].get(arch, ""), "device_capability": "",
-                 "runner": HOST["runner"], "worker": _worker(item.config)}
+        props = {P.CHECKPOINT: checkpoint, P.SCHEME: SPEC["schemes"].get(checkpoint, "nvfp4_weight_only"),
+                 P.PRODUCER: "modelopt", P.ARCH: arch, P.MODE: mode, P.CHECK: check,
+                 P.KIND: "e2e" if check.startswith("e2e") else "dispatch", P.TIER: "cpu", P.CELL: cell,
+                 P.VLLM_VERSION: HOST[P.VLLM_VERSION], P.TORCH_VERSION: HOST[P.TORCH_VERSION],
+                 P.PLATFORM: "cpu", P.DEVICE_NAME: SPEC["devices"].get(arch, ""), P.DEVICE_CAPABILITY: "",
+                 P.RUNNER: HOST[P.RUNNER], "worker": _worker(item.config)}
         if behaviour in ("waive", "xpass", "stale"):
-            props |= WAIVER | {"waiver_expires": "2020-01-01" if behaviour == "stale" else "2099-12-31",
-                               "waiver_expired": "false"}
-            item.add_marker(pytest.mark.xfail(strict=False, reason=WAIVER["waiver_reason"]))
+            props |= WAIVER | {P.WAIVER_EXPIRES: "2020-01-01" if behaviour == "stale" else "2099-12-31",
+                               P.WAIVER_EXPIRED: "false"}
+            item.add_marker(pytest.mark.xfail(strict=False, reason=WAIVER[P.WAIVER_REASON]))
         elif behaviour == "expired":
-            props |= WAIVER | {"waiver_expires": "2020-01-01", "waiver_expired": "true"}
+            props |= WAIVER | {P.WAIVER_EXPIRES: "2020-01-01", P.WAIVER_EXPIRED: "true"}
         item.user_properties.extend(props.items())
 
 
@@ -73,6 +77,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from quantmatrix import properties as P
 
 SPEC = json.loads((Path(__file__).parent / "spec.json").read_text())
 
@@ -93,13 +99,16 @@ def behaviour(request, cell):
 
 
 def run_check(name, cell, behaviour, record_property):
-    record_property("quant_method", "modelopt_fp4")
-    record_property("moe_backend", "flashinfer_cutlass")
+    record_property(P.QUANT_METHOD, "modelopt_fp4")
+    record_property(P.MOE_BACKEND, "flashinfer_cutlass")
     record_property("metric.max_abs_err", 0.0012)
     record_property("time.load", 0.25)
     tokens = SPEC["tokens"].get(f"{name}[{cell}]")
     if tokens is not None:
-        record_property("greedy_token_ids", json.dumps(tokens))
+        record_property(P.GREEDY_TOKEN_IDS, P.encode_tokens(tokens))
+    top = SPEC["top_k"].get(f"{name}[{cell}]")
+    if top is not None:
+        record_property(P.GREEDY_TOP_K, P.encode_top_k(P.TopK(top["k"], top["ranked"])))
     if behaviour == "skip":
         pytest.skip("needs 2 GPUs")
     if behaviour != "pass" and behaviour != "xpass":
@@ -127,14 +136,17 @@ class SuiteRunner:
 
     def run(self, name: str, cells: Iterable[str], *, checks: Sequence[str] = ("config_dispatch",),
             outcomes: Mapping[str, str] | None = None, tokens: Mapping[str, list[list[int]]] | None = None,
+            top_k: Mapping[str, dict[str, Any]] | None = None,
             vllm: str = "0.11.1", runner: str = "runner-a", xdist: bool = False, args: Sequence[str] = (),
             family: str = "xunit1", extra_test: str = "", schemes: Mapping[str, str] | None = None
             ) -> pytest.RunResult:
-        """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error."""
+        """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error;
+        `tokens` and `top_k` ({k, ranked}) to the greedy output that case records."""
         spec = {"cells": list(cells), "outcomes": dict(outcomes or {}), "tokens": dict(tokens or {}),
+                "top_k": dict(top_k or {}),
                 "schemes": dict(schemes or {}), "devices": DEVICES,
-                "host": {"vllm_version": vllm, "torch_version": "2.9.1", "runner": runner, "run_id": name,
-                         "host_arch": "x86_64", "device_name": "cpu", "matrix": "matrix.yaml"}}
+                "host": {P.VLLM_VERSION: vllm, P.TORCH_VERSION: "2.9.1", P.RUNNER: runner, P.RUN_ID: name,
+                         P.HOST_ARCH: "x86_64", P.DEVICE_NAME: "cpu", P.MATRIX: "matrix.yaml"}}
         (self.pytester.path / "spec.json").write_text(json.dumps(spec))
         self.pytester.makeconftest(PLUGIN_STANDIN)
         self.pytester.makepyfile(test_suite=SUITE_HEAD + "".join(SUITE_CHECK.format(check=c) for c in checks)
@@ -148,6 +160,23 @@ class SuiteRunner:
             result = self.pytester.runpytest(*argv)
         assert self.last.is_file(), result.stdout.str()
         return result
+
+
+def _one_disagreement(summary: Mapping[str, Any], md: str, arch: str, red: bool) -> str:
+    """The night's single cross-arch disagreement: `arch`'s alone, red or a near-tie alike in summary.json (its
+    entry and exit_code) and in matrix.md's line for it (❌ or ≈); returns its detail."""
+    (d,) = summary["disagreements"]
+    assert (d["red"], [(x["arch"], x["red"]) for x in d["differs"]]) == (red, [(arch, red)])
+    assert summary["exit_code"] == int(red)
+    (line,) = [row for row in md.splitlines() if row.startswith("- ") and f" {arch} (" in row]
+    assert line.startswith("- ❌ " if red else "- ≈ "), line
+    return d["differs"][0]["detail"]
+
+
+@pytest.fixture
+def one_disagreement() -> Callable[[Mapping[str, Any], str, str, bool], str]:
+    """Checks the night's single cross-arch disagreement (see _one_disagreement) and returns its detail."""
+    return _one_disagreement
 
 
 @pytest.fixture

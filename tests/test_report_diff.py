@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.cli import main
 
 if TYPE_CHECKING:
@@ -171,18 +172,55 @@ def test_cross_arch_disagreement_names_the_arch_that_differs(junit_suite: SuiteR
               f"e2e_greedy[{ck2}@sm120-default]": good, f"e2e_greedy[{ck2}@sm121-default]": [[1, 2, 3]]}
     cells = [k.split("[")[1].rstrip("]") for k in tokens]
     night = {"cells": cells, "checks": ("e2e_greedy",), "tokens": tokens}
-    _, s, md = Nights(junit_suite, tmp_path).run(night)
+    code, s, md = Nights(junit_suite, tmp_path).run(night)
     by_ck = {d["checkpoint"]: d for d in s["disagreements"]}
     assert sorted(by_ck) == [ck2, ck1]
     d = by_ck[ck1]
     assert (d["mode"], [r["arch"] for r in d["reference"]]) == ("default", ["sm100", "sm120"])
     assert [(x["arch"], x["device"], x["detail"]) for x in d["differs"]] == [
-        ("sm121", "NVIDIA GB10", "prompt 1 diverges at token 1: 9 vs 5")]
+        ("sm121", "NVIDIA GB10", "prompt 1 diverges at token 1: 9 vs 5 (no top-k recorded)")]
     assert by_ck[ck2]["differs"][0]["detail"] == "1 prompts vs 2"
     assert ("sm121 (NVIDIA GB10) differs from sm100 (NVIDIA B200), sm120 (NVIDIA RTX PRO 6000 Blackwell): "
             "prompt 1 diverges at token 1: 9 vs 5") in md
     assert "sm121 (NVIDIA GB10) differs from sm120 (NVIDIA RTX PRO 6000 Blackwell): 1 prompts vs 2" in md
     assert "≠ archs" in md
+    # without a recorded top-k nothing shows a near-tie: every disagreement is red
+    assert code == 1 and s["exit_code"] == 1 and all(x["red"] for d in by_ck.values() for x in d["differs"])
+
+
+def _greedy_night(top_sm121: list[list[list[int]]]) -> dict[str, Any]:
+    """sm120 and sm121 part at prompt 0, token 2 (sm120: 30, sm121: 31); sm121's top-3 there is `top_sm121`."""
+    ck = "qwen3moe-tiny-nvfp4-weight-only"
+    a, b = f"degeneration[{ck}@sm120-default]", f"degeneration[{ck}@sm121-default]"
+    ranked_sm120 = [[[10, 11, 12], [20, 21, 22], [30, 31, 32]], [[40, 41, 42]]]
+    return {"cells": [a.split("[")[1][:-1], b.split("[")[1][:-1]], "checks": ("degeneration",),
+            "tokens": {a: [[10, 20, 30], [40]], b: [[10, 20, 31], [40]]},
+            "top_k": {a: {"k": 3, "ranked": ranked_sm120}, b: {"k": 3, "ranked": top_sm121}}}
+
+
+@pytest.mark.parametrize(("top_sm121", "red", "detail", "marks"), [
+    ([[[10, 11, 12], [20, 21, 22], [31, 30, 32]], [[40, 41, 42]]], False,
+     "near-tie: prompt 0 diverges at token 2: 31 vs 30 (ranks 2 and 2 in each other's top-3)", ["✅", "✅"]),
+    ([[[10, 11, 12], [20, 21, 22], [31, 33, 34]], [[40, 41, 42]]], True,
+     "prompt 0 diverges at token 2: 31 vs 30 (ranks 2 and >3 in each other's top-3)", ["✅", "❌"]),
+], ids=["near_tie", "outside"])
+def test_cross_arch_red_outside_the_top_k_and_a_near_tie_only_shown(junit_suite: SuiteRunner, tmp_path: Path,
+                                                                     one_disagreement: Any, top_sm121: list,
+                                                                     red: bool, detail: str, marks: list[str]
+                                                                     ) -> None:
+    """sm120 and sm121 part at prompt 0, token 2. Where each token is in the other's top-k (sm121's 31 is
+    sm120's rank 2 and the other way round) it is a near-tie: recorded with both ranks and shown (≈, ≠ archs),
+    the night green. Where sm120's 30 is not in sm121's top-3 it is red: summary.json (the entry, exit_code),
+    matrix.md (❌ on sm121's cell, the line, the heading) and the exit code, with no case failed."""
+    code, s, md = Nights(junit_suite, tmp_path).run(_greedy_night(top_sm121))
+    assert one_disagreement(s, md, "sm121", red) == detail
+    assert code == int(red) and s["totals"]["failed"] == 0
+    assert ("1 cross-arch divergences outside the top-k" in md) is red
+    row = next(line for line in md.splitlines() if line.startswith("| qwen3moe-tiny-nvfp4-weight-only"))
+    assert [c.strip()[:1] for c in row.split("|")[3:5]] == marks and "≠ archs" in row.split("|")[4]
+    key = "test_suite::test_degeneration[qwen3moe-tiny-nvfp4-weight-only@sm121-default]"
+    assert P.GREEDY_TOKEN_IDS in s["cases"][key]["properties"]  # summary.json keeps the tokens, not the top-k
+    assert P.GREEDY_TOP_K not in s["cases"][key]["properties"] and P.GREEDY_TOP_K not in str(s["inputs"])
 
 
 @pytest.mark.parametrize("edit, message", [

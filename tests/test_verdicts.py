@@ -3,11 +3,13 @@ against a stored reference with its Wilson bound, and every message naming the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.checks import e2e as verdicts
 from quantmatrix.engine import runner as engine
 from quantmatrix.schema.load import load
@@ -102,7 +104,7 @@ def test_mode_invariance_is_exact_at_k_0_and_names_both_routings(cells):
     assert "prompt 0: first divergence at position 4" in v.problem
     same = verdicts.invariance(cells["poison_zero"], _run(GREEDY, ["1"] * 10, "zero"),
                                lambda: _run(GREEDY, ["1"] * 10), "default")
-    assert same.problem is None and ("first_divergence", "8,8") in same.properties
+    assert same.problem is None and (P.FIRST_DIVERGENCE, "8,8") in same.properties
 
 
 def test_the_reference_mode_is_never_compared_with_itself(cells):
@@ -117,4 +119,45 @@ def test_a_failed_engine_run_fails_every_check_with_its_cause(cells):
     run = engine.GroupRun("c", Path("/x/g"), {"poison": None, "greedy_prompts": 2}, None, failure, 9.0)
     for v in (verdicts.degeneration(cells["default"], run), verdicts.agreement(cells["default"], run, _refs(1))):
         assert v.problem.startswith("real-tiny@sm121-default: the engine run failed: CUDA OOM")
-        assert "last line" in v.problem and ("engine_failure", "CUDA OOM") in v.properties
+        assert "last line" in v.problem and (P.ENGINE_FAILURE, "CUDA OOM") in v.properties
+
+
+def _ranked_run(greedy: list[list[int]]) -> engine.GroupRun:
+    """A run whose every position ranks its greedy token first, then +1, then +2 (NaN for the last)."""
+    run = _run(greedy, [])
+    for out in run.result["outputs"]:
+        out["logprobs"] = [{str(t + 2): None, str(t + 1): -2.0, str(t): -1.0, str(t + 3): -3.0}
+                           for t in out["token_ids"]]
+    return dataclasses.replace(run, request={**run.request, "logprobs": 3})
+
+
+def test_degeneration_records_the_cells_greedy_tokens_and_top_k_once_for_the_cross_arch_report(cells):
+    """k is the checkpoint's agreement_top_k (2 here, of the 3 logprobs recorded; a NaN is never ranked), or the
+    run's logprobs count where it states none; the properties decode to what the engine returned."""
+    v = verdicts.degeneration(cells["default"], _ranked_run(GREEDY))
+    props = dict(v.properties)
+    assert v.problem is None and len(props) == len(v.properties)
+    assert {P.ENGINE_GROUP, P.DEGENERATION} <= set(props)  # beside what the run and the oracle recorded
+    assert P.decode_tokens(props[P.GREEDY_TOKEN_IDS]) == GREEDY
+    top = P.decode_top_k(props[P.GREEDY_TOP_K])
+    assert (top.k, top.ranked[1][:2]) == (2, [[10, 11], [11, 12]])
+    ck = cells["default"].cell.checkpoint
+    unstated = dataclasses.replace(ck, scheme=dataclasses.replace(
+        ck.scheme, expect={k: v for k, v in ck.scheme.expect.items() if k != "agreement_top_k"}))
+    case = dataclasses.replace(cells["default"], cell=dataclasses.replace(cells["default"].cell, checkpoint=unstated))
+    top = P.decode_top_k(dict(verdicts.degeneration(case, _ranked_run(GREEDY)).properties)[P.GREEDY_TOP_K])
+    assert (top.k, top.ranked[0][0]) == (3, [0, 1, 3])
+
+
+def test_a_canary_or_a_failed_run_records_no_greedy_output(cells):
+    """A deliberately broken checkpoint's output is garbage by design, and a failed run has none."""
+    ck = cells["default"].cell.checkpoint
+    canary = dataclasses.replace(ck, expect={**ck.expect, "degenerate": True})
+    case = dataclasses.replace(cells["default"], cell=dataclasses.replace(cells["default"].cell, checkpoint=canary))
+    stuck = _run([[3] * 8, [3] * 8], [])
+    v = verdicts.degeneration(case, stuck)
+    assert v.problem is None and P.GREEDY_TOKEN_IDS not in dict(v.properties)
+    failure = engine.Failure("CUDA OOM", "d", Path("/x/log"), "last line")
+    failed = engine.GroupRun("c", Path("/x/g"), {"poison": None, "greedy_prompts": 2}, None, failure, 9.0)
+    names = {name for name, _ in verdicts.degeneration(cells["default"], failed).properties}
+    assert names.isdisjoint({P.GREEDY_TOKEN_IDS, P.GREEDY_TOP_K})

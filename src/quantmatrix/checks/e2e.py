@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.checks import quality
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.engine.runner import GroupRun
@@ -43,21 +44,21 @@ def _head(case: Case, run: GroupRun) -> str:
 
 def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
     """What the engine really did, for the JUnit report: routing, device, versions, poison, timings."""
-    props: list[tuple[str, Any]] = [("engine_group", run.directory.name), ("engine_wall_s", f"{run.wall_s:.1f}")]
+    props: list[tuple[str, Any]] = [(P.ENGINE_GROUP, run.directory.name), (P.ENGINE_WALL_S, f"{run.wall_s:.1f}")]
     if run.failure is not None:
-        return [*props, ("engine_failure", run.failure.cause)]
+        return [*props, (P.ENGINE_FAILURE, run.failure.cause)]
     r = run.result
     assert r is not None
-    props += [("moe_routed", run.routed()), ("engine_device", r["device"]["name"]),
-              ("engine_vllm", r["versions"]["vllm_version"]), ("engine_torch", r["versions"]["torch_version"])]
-    props += [(f"engine_{k}", f"{v:.2f}") for k, v in sorted(r["timings"].items())]
+    props += [(P.MOE_ROUTED, run.routed()), (P.ENGINE_DEVICE, r["device"]["name"]),
+              (P.ENGINE_VLLM, r["versions"][P.VLLM_VERSION]), (P.ENGINE_TORCH, r["versions"][P.TORCH_VERSION])]
+    props += [(P.engine_timing(k), f"{v:.2f}") for k, v in sorted(r["timings"].items())]
     overhead = run.overhead_s()
     if overhead is not None:
-        props.append(("suite_overhead_s", f"{overhead:.1f}"))
+        props.append((P.SUITE_OVERHEAD_S, f"{overhead:.1f}"))
     for w in run.workers():
         p = w["poison"]
         if p["requested"]:
-            props.append(("poison", f"{p['requested']} in pid {p['pid']}: {p['parameters_filled']} parameters, "
+            props.append((P.POISON, f"{p['requested']} in pid {p['pid']}: {p['parameters_filled']} parameters, "
                                     f"{p['allocations_filled']} allocations filled"))
     return props
 
@@ -83,14 +84,27 @@ def _degeneration(case: Case, run: GroupRun) -> tuple[quality.Degeneration, list
     return metrics, metrics.crossed(case.cell.checkpoint.expectation("degeneration"))
 
 
+def greedy_properties(checkpoint: Checkpoint, run: GroupRun) -> list[tuple[str, str]]:
+    """The cell's greedy tokens and each position's top-k (ranked ids), for the report's cross-arch comparison.
+    k is the checkpoint's agreement_top_k: the tolerance the matrix states for a kernel's numerics against a
+    reference, which another arch's kernel is; the run's logprobs count where the checkpoint states none."""
+    k = checkpoint.expectation("agreement_top_k", default=None) or run.request["logprobs"]
+    greedy = run.greedy()
+    ranked = [[quality.top_k(step, k) for step in o["logprobs"]] for o in greedy]
+    return [(P.GREEDY_TOKEN_IDS, P.encode_tokens([o["token_ids"] for o in greedy])),
+            (P.GREEDY_TOP_K, P.encode_top_k(P.TopK(k, ranked)))]
+
+
 def degeneration(case: Case, run: GroupRun) -> Verdict:
     v = Verdict(properties=run_properties(run))
     v.problem = engine_problem(case, run)
     if v.problem:
         return v
     metrics, crossed = _degeneration(case, run)
-    v.properties.append(("degeneration", metrics.summary()))
+    v.properties.append((P.DEGENERATION, metrics.summary()))
     must = case.cell.checkpoint.expectation("degenerate")
+    if not must:  # a canary's output is garbage by design: comparing it across archs would only be noise
+        v.properties += greedy_properties(case.cell.checkpoint, run)
     worst = run.greedy()[metrics.worst_prompt]
     sample = f"worst continuation (prompt {metrics.worst_prompt}): {worst['token_ids']} {worst['text']!r}"
     if crossed and not must:
@@ -122,7 +136,7 @@ def _divergences(case: Case, ours: list[dict[str, Any]], theirs: list[dict[str, 
     if mismatch:
         return f"{case.cell.id}: cannot compare with {what}: {mismatch}"
     divs = quality.exact(ours, theirs) if k == 0 else quality.compare(ours, theirs, k)
-    v.properties.append(("first_divergence", ",".join(str(d.position) for d in divs)))
+    v.properties.append((P.FIRST_DIVERGENCE, ",".join(str(d.position) for d in divs)))
     bad = [d for d in divs if not d.within_top_k]
     if not bad:
         return None
@@ -174,7 +188,7 @@ def accuracy(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
     spec = case.cell.checkpoint.expectation("accuracy")
     verdict = quality.AccuracyVerdict(sum(solved), len(solved), ref["correct"], ref["n"], spec["z"],
                                       spec["max_drop"])
-    v.properties.append(("accuracy", verdict.arithmetic()))
+    v.properties.append((P.ACCURACY, verdict.arithmetic()))
     if not verdict.ok:
         misses = [rows[i]["prompt"] for i, ok in enumerate(solved) if not ok][:5]
         v.problem = (f"{_head(case, run)}: task accuracy below the statistical bound: {verdict.arithmetic()}; "

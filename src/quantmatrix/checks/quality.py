@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # ------------------------------------------------------------------------------------------ degeneration
@@ -102,12 +102,18 @@ def top_k(logprobs: dict[str, float | None], k: int) -> list[int]:
 def first_divergence(prompt: int, ours: dict[str, Any], theirs: dict[str, Any], k: int) -> Divergence:
     """vLLM's check_logprobs_close, for one prompt: walk both greedy sequences; at the first position where the
     tokens differ, each must be in the other's top-k there; after it the sequences are not comparable."""
-    a, b = ours["token_ids"], theirs["token_ids"]
-    n = min(len(a), len(b))
+    return parting(prompt, ours["token_ids"], theirs["token_ids"], lambda i: top_k(ours["logprobs"][i], k),
+                   lambda i: top_k(theirs["logprobs"][i], k))
+
+
+def parting(prompt: int, ours: Sequence[int], theirs: Sequence[int], ours_top: Callable[[int], Sequence[int]],
+            theirs_top: Callable[[int], Sequence[int]]) -> Divergence:
+    """first_divergence on bare token ids, each side's top-k at a position given by a function (a run's logprobs,
+    or the ranked ids a JUnit file recorded: report.crossarch): only the first differing position is ranked."""
+    n = min(len(ours), len(theirs))
     for i in range(n):
-        if a[i] != b[i]:
-            ok = (a[i] in top_k(theirs["logprobs"][i], k)) and (b[i] in top_k(ours["logprobs"][i], k))
-            return Divergence(prompt, i, n, a[i], b[i], ok)
+        if ours[i] != theirs[i]:
+            return Divergence(prompt, i, n, ours[i], theirs[i], ours[i] in theirs_top(i) and theirs[i] in ours_top(i))
     return Divergence(prompt, n, n, None, None, True)
 
 

@@ -75,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
           f"{len(report.cases)} cases: {len(d['new_failures'])} new failures, "
           f"{len(d['still_failing'])} still failing, "
           f"{len(d['fixed'])} fixed, {untested} newly untested, {len(d['flaky'])} flaky, "
-          f"{len(report.disagreements)} cross-arch disagreements -> {paths['html']}")
+          f"{len(report.disagreements)} cross-arch disagreements ({report.diverged()} outside the top-k) -> "
+          f"{paths['html']}")
     for b in report.bad_inputs:
         print(f"quantmatrix report: bad input {b['path']}: {b['problem']}", file=sys.stderr)
     if report.bad_inputs and not args.allow_bad_inputs:

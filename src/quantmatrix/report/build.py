@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.crossarch import agreement
 from quantmatrix.report.diff import Differ, load_previous
@@ -53,7 +54,7 @@ def _fold(reads: Iterable[FileRead], diff: Differ) -> _Merged:
         archs = sorted({row.axes[1] for row in read.rows}, key=natural)
         inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common))
         common = read.common
-        tokens_common = "greedy_token_ids" in common
+        tokens_common = P.GREEDY_TOKEN_IDS in common
         for row in read.rows:
             key = row.key
             if key in first:
@@ -63,13 +64,13 @@ def _fold(reads: Iterable[FileRead], diff: Differ) -> _Merged:
             cases[key] = case = CaseResult(key, row.outcome, row.props, common, row.axes, row.entry,
                                            row.message, row.log_tail, row.time, idx)
             diff.case(case)
-            if tokens_common or "greedy_token_ids" in row.props:
+            if tokens_common or P.GREEDY_TOKEN_IDS in row.props:
                 with_tokens.append(key)
     for key, entries in dups.items():
         case = _rerun(key, entries, inputs)
         cases[key] = case
         diff.case(case)  # the folded case replaces the first attempt, and its tags
-        if case.prop("greedy_token_ids") is not None:
+        if case.prop(P.GREEDY_TOKEN_IDS) is not None:
             with_tokens.append(key)
     return m
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.model import OUTCOMES, PASS, RAN, RED, SCHEMA, CaseResult, Input, natural, summary_entry
 from quantmatrix.report.read import axes_of
@@ -109,11 +110,11 @@ class Differ:
         self.nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
         self.bisect: dict[str, dict[str, Any]] = {}
         # the vLLM version of each of last night's files, as history writes it (entries are space-separated)
-        self.file_vllm = [_no_space(i["common"].get("vllm_version", i["properties"].get("vllm_version")))
+        self.file_vllm = [_no_space(i["common"].get(P.VLLM_VERSION, i["properties"].get(P.VLLM_VERSION)))
                           for i in prev.inputs] if prev else []
 
     def _vllm(self, pc: Mapping[str, Any]) -> str | None:
-        v = pc["properties"].get("vllm_version")
+        v = pc["properties"].get(P.VLLM_VERSION)
         if v is not None:
             return _no_space(v)
         f = pc.get("file")

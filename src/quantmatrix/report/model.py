@@ -1,6 +1,7 @@
 """The night's model: one folded result per case, the files it came from, the report, and its grid.
 
-Everything else in the package makes or reads these; this module imports nothing of the package.
+Everything else in the package makes or reads these; this module imports nothing of the package but the
+property names.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from quantmatrix import properties as P
+
 SCHEMA = 1  # of summary.json; load_previous refuses any other
 PASS = frozenset({"passed", "xpassed"})
 RED = frozenset({"failed", "error"})
 RAN = PASS | RED | {"waived"}
 LOST = frozenset({"newly_skipped", "newly_missing", "still_missing"})
+DISAGREE, DIVERGED = "disagree", "diverged"  # case tags: any cross-arch difference; one outside the top-k (red)
 OUTCOMES = ("failed", "error", "missing", "skipped", "waived", "xpassed", "passed")
 NOT_TESTED = "not tested (vLLM broken)"
 LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
@@ -30,10 +34,13 @@ Axes = tuple[str, str, str, str, str]  # checkpoint, arch, mode, check, scheme
 
 def summary_entry(key: str, outcome: str, own: Mapping[str, str], seconds: float, message: str,
                   log: str) -> str:
-    """A case's `"key":{...` member of summary.json's cases as far as its own file tells (no closing brace).
+    """A case's `"key":{...` member of summary.json's cases as far as its own file tells (no closing brace),
+    without the properties summary.json does not carry (P.NOT_SUMMARIZED).
 
     Made where the file is parsed (a worker process), so that writing 100k entries is joining strings.
     """
+    if not own.keys().isdisjoint(P.NOT_SUMMARIZED):
+        own = {k: v for k, v in own.items() if k not in P.NOT_SUMMARIZED}
     entry: dict[str, Any] = {"outcome": outcome, "properties": own}
     if seconds:
         entry["time"] = seconds
@@ -127,9 +134,9 @@ class NightReport:
     disagreements: list[dict[str, Any]]
 
     def vllm_version(self, case: CaseResult) -> str | None:
-        v = case.prop("vllm_version")
+        v = case.prop(P.VLLM_VERSION)
         if v is None and case.file is not None:
-            v = self.inputs[case.file].properties.get("vllm_version")
+            v = self.inputs[case.file].properties.get(P.VLLM_VERSION)
         return v
 
     def totals(self) -> dict[str, int]:
@@ -137,7 +144,7 @@ class NightReport:
         `not tested (vLLM broken)`, apart from checks that ran and failed."""
         out = dict.fromkeys(OUTCOMES, 0)
         out.update(collections.Counter(
-            NOT_TESTED if c.outcome in RED and c.prop("not_tested") == "vllm_broken" else c.outcome
+            NOT_TESTED if c.outcome in RED and c.prop(P.NOT_TESTED) == P.VLLM_BROKEN else c.outcome
             for c in self.cases.values()))
         return out
 
@@ -145,12 +152,12 @@ class NightReport:
         """One line per run whose health check found the vLLM under test broken (pytest_plugin.health)."""
         lines = []
         for inp in self.inputs:
-            record = inp.properties.get("vllm_health", "")
-            if record.startswith("broken"):
-                where = inp.properties.get("host_arch") or "a host without a GPU"
-                runner = inp.properties.get("runner") or inp.common.get("runner", "")
+            record = inp.properties.get(P.VLLM_HEALTH, "")
+            if record.startswith(P.HEALTH_BROKEN):
+                where = inp.properties.get(P.HOST_ARCH) or "a host without a GPU"
+                runner = inp.properties.get(P.RUNNER) or inp.common.get(P.RUNNER, "")
                 lines.append(f"vLLM under test broken on {where}{f' ({runner})' if runner else ''}: "
-                             f"{record.removeprefix('broken: ')}")
+                             f"{record.removeprefix(P.HEALTH_BROKEN + ': ')}")
         return lines
 
     @property
@@ -159,9 +166,13 @@ class NightReport:
         a case that stopped being tested or is still untested, a provisioned arch with no results. Red stays red
         until it is fixed or waived, never just because it was already red last night."""
         d = self.diff
-        red = any(c.outcome in RED for c in self.cases.values())
+        red = any(c.outcome in RED for c in self.cases.values()) or self.diverged()
         lost = d["newly_skipped"] or d["newly_missing"] or d["still_missing"] or d["archs_lost"]
         return 1 if red or lost else 0
+
+    def diverged(self) -> int:
+        """Cross-arch disagreements outside the top-k (report.crossarch): red like a failure."""
+        return sum(x["red"] for d in self.disagreements for x in d["differs"])
 
 
 @dataclasses.dataclass
@@ -196,9 +207,10 @@ def grid(report: NightReport) -> Grid:
 
 
 def cell_status(cases: list[CaseResult]) -> str:
-    """Worst first: a failure, then lost coverage, then a waiver; a cell of skips only is `skip`."""
+    """Worst first: a failure (or greedy tokens outside another arch's top-k), then lost coverage, then a waiver;
+    a cell of skips only is `skip`."""
     outcomes = {c.outcome for c in cases}
-    if outcomes & RED:
+    if outcomes & RED or any(DIVERGED in c.tags for c in cases):
         return "fail"
     if any(c.tags & LOST for c in cases):
         return "lost"

@@ -21,6 +21,7 @@ from xml.etree import ElementTree as ET
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, TestCase
 from junitparser import junitparser as _jp
 
+from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.model import LOG_CHARS, LOG_LINES, MESSAGE_CHARS, NONE, RED, Axes, summary_entry
 
@@ -71,10 +72,10 @@ def tail(*texts: str | None) -> str:
 
 
 def _waiver_expired(props: Mapping[str, str], today: datetime.date | None) -> bool:
-    if props.get("waiver_expired") == "true":
+    if props.get(P.WAIVER_EXPIRED) == "true":
         return True
     try:
-        return today is not None and today > datetime.date.fromisoformat(props.get("waiver_expires", ""))
+        return today is not None and today > datetime.date.fromisoformat(props.get(P.WAIVER_EXPIRES, ""))
     except ValueError:
         return False
 
@@ -95,11 +96,11 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
         else:
             outcome = "xpassed" if message == "xfail-marked test passes unexpectedly" else "skipped"
     else:
-        outcome = "xpassed" if "waiver_reason" in props else "passed"
-    if outcome != "skipped" and "waiver_reason" in props and _waiver_expired(props, today):
+        outcome = "xpassed" if P.WAIVER_REASON in props else "passed"
+    if outcome != "skipped" and P.WAIVER_REASON in props and _waiver_expired(props, today):
         if "waiver expired" not in message:  # the plugin's own failure may say so already
-            link = f" ({props['waiver_link']})" if props.get("waiver_link") else ""
-            message = (f"waiver expired {props.get('waiver_expires', '')}: {props['waiver_reason']}{link}"
+            link = f" ({props[P.WAIVER_LINK]})" if props.get(P.WAIVER_LINK) else ""
+            message = (f"waiver expired {props.get(P.WAIVER_EXPIRES, '')}: {props[P.WAIVER_REASON]}{link}"
                        + (f"\n{message}" if message else ""))
         outcome = outcome if outcome in RED else "failed"
     return outcome, message[:MESSAGE_CHARS], log
@@ -107,18 +108,18 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
 
 def axes_of(key: str, props: Mapping[str, str]) -> Axes:
     """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
-    check, ck, arch, mode = props.get("check"), props.get("checkpoint"), props.get("arch"), props.get("mode")
+    check, ck, arch, mode = props.get(P.CHECK), props.get(P.CHECKPOINT), props.get(P.ARCH), props.get(P.MODE)
     if not (check and ck and arch and mode):  # not all from the plugin: read the case's name
         func, _, param = key.rpartition("::")[2].partition("[")
         check = check or func.removeprefix("test_")
         if not (ck and arch and mode):
-            m = _CELL.match(props.get("cell") or param.rstrip("]"))
+            m = _CELL.match(props.get(P.CELL) or param.rstrip("]"))
             parsed = m.groupdict() if m else {}
             ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
                               mode or parsed.get("mode", NONE))
     # interned: a file's 100 cases then share 5 strings, which pickle sends from a worker once, not 100 times
     intern = sys.intern
-    return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get("scheme", ""))
+    return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get(P.SCHEME, ""))
 
 
 def read_file(path: str, today: datetime.date | None = None) -> FileRead:
@@ -167,7 +168,7 @@ def _cases(out: FileRead, xml: Any, today: datetime.date | None) -> None:
                 elif tag == "failure" or tag == "error" or tag == "skipped":
                     has_result = True
             key = f"{elem.get('classname', '')}::{elem.get('name', '')}"
-            if has_result or "waiver_reason" in props:
+            if has_result or P.WAIVER_REASON in props:
                 outcome, message, log = _outcome(TestCase.fromelem(elem), props, today)
             else:
                 outcome, message, log = "passed", "", ""
@@ -182,7 +183,9 @@ def _cases(out: FileRead, xml: Any, today: datetime.date | None) -> None:
         shared = rows[0].props.items() & rows[-1].props.items()
         for row in rows:
             shared &= row.props.items()
-        out.common = dict(sorted(shared))  # sorted: the output's bytes must not depend on the hash seed
+        # sorted: the output's bytes must not depend on the hash seed; what summary.json does not carry stays
+        # with each case, where summary_entry leaves it out
+        out.common = dict(sorted(kv for kv in shared if kv[0] not in P.NOT_SUMMARIZED))
         for row in rows if shared else ():
             for k in out.common:
                 del row.props[k]

@@ -15,12 +15,13 @@ import json
 import re
 from typing import Any
 
+from quantmatrix import properties as P
 from quantmatrix.report.crossarch import describe_disagreement
 from quantmatrix.report.diff import history_entries
-from quantmatrix.report.model import LOST, OUTCOMES, CaseResult, Grid, Input, NightReport
+from quantmatrix.report.model import DISAGREE, DIVERGED, LOST, OUTCOMES, CaseResult, Grid, Input, NightReport
 
 # Bits of a case's flags; the page's JS reads the same numbers. 8: coverage lost (any tag in LOST).
-FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "flaky": 16, "disagree": 32}
+FLAGS = {"new_failure": 1, "still_failing": 2, "fixed": 4, "flaky": 16, DISAGREE: 32, DIVERGED: 64}
 LOST_BIT = 8
 
 
@@ -44,8 +45,8 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
     details = {i: _detail(report, c) for i, c in enumerate(cases) if flags[i] or c.outcome != "passed"}
     d = report.diff
     lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
-    disagreements = [{"text": describe_disagreement(x), "cases": [index(y["case"]) for y in x["differs"]]}
-                     for x in report.disagreements]
+    disagreements = [{"text": describe_disagreement(x), "red": sum(y["red"] for y in x["differs"]),
+                      "cases": [index(y["case"]) for y in x["differs"]]} for x in report.disagreements]
     return {
         "night": report.night, "previous": report.previous_night, "exit": report.exit_code,
         "totals": report.totals(), "archs_lost": d["archs_lost"], "outcomes": list(OUTCOMES),
@@ -64,7 +65,7 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
 def _run(inp: Input) -> dict[str, Any]:
     p = {**inp.common, **inp.properties}
     return {"path": inp.path, "cases": inp.cases, "arch": ", ".join(inp.archs),
-            **{k: p.get(k, "") for k in ("runner", "device_name", "vllm_version", "torch_version")}}
+            **{k: p.get(k, "") for k in (P.RUNNER, P.DEVICE_NAME, P.VLLM_VERSION, P.TORCH_VERSION)}}
 
 
 def _flags(tags: frozenset[str]) -> int:
@@ -75,10 +76,10 @@ def _detail(report: NightReport, c: CaseResult) -> dict[str, Any]:
     """What the page shows of a case that is not a plain pass."""
     prop = c.prop
     det: dict[str, Any] = {"id": c.key, "msg": c.message, "log": c.log_tail,
-                           "vllm": report.vllm_version(c) or "", "device": prop("device_name", ""),
-                           "runner": prop("runner", ""), "attempts": c.attempts}
-    if (reason := prop("waiver_reason")) is not None:
-        det["waiver"] = {"reason": reason, "link": prop("waiver_link", ""), "expires": prop("waiver_expires", "")}
+                           "vllm": report.vllm_version(c) or "", "device": prop(P.DEVICE_NAME, ""),
+                           "runner": prop(P.RUNNER, ""), "attempts": c.attempts}
+    if (reason := prop(P.WAIVER_REASON)) is not None:
+        det["waiver"] = {"reason": reason, "link": prop(P.WAIVER_LINK, ""), "expires": prop(P.WAIVER_EXPIRES, "")}
     if c.key in report.diff["bisect"]:
         det["bisect"] = report.diff["bisect"][c.key]
     if c.history:

@@ -7,8 +7,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from quantmatrix import properties as P
 from quantmatrix.report.crossarch import describe_disagreement
-from quantmatrix.report.model import LOST, CaseResult, Grid, NightReport, cell_status
+from quantmatrix.report.model import DISAGREE, LOST, CaseResult, Grid, NightReport, cell_status
 
 T = TypeVar("T")
 LIST_LIMIT = 50  # entries per section: the rest is in index.html and summary.json
@@ -54,7 +55,7 @@ def cell_text(cases: list[CaseResult]) -> str:
     tags = Counter(t for c in cases if c.tags for t in c.tags)
     if tags["new_failure"]:
         parts.append(f"{tags['new_failure']} new")
-    if tags["disagree"]:
+    if tags[DISAGREE]:
         parts.append("≠ archs")
     return f"{EMOJI[cell_status(cases)]} " + " · ".join(parts)
 
@@ -103,9 +104,11 @@ def render(report: NightReport, g: Grid) -> str:
                 " · ".join(f"{n} {o}" for o, n in totals.items() if n))
     head.append("")
     if report.exit_code:
+        diverged = report.diverged()
         head.append(f"> **❌ {len(d['new_failures'])} new failures, {len(d['still_failing'])} still failing, "
                     f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested, "
-                    f"{len(d['still_missing'])} still untested**")
+                    f"{len(d['still_missing'])} still untested"
+                    + (f", {diverged} cross-arch divergences outside the top-k" if diverged else "") + "**")
     else:
         head.append("> ✅ nothing is failing and nothing stopped being tested")
     head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken()]
@@ -119,7 +122,8 @@ def render(report: NightReport, g: Grid) -> str:
         table.append(f"| {_text(row)} | {_text(g.schemes.get(row, ''))} | " + " | ".join(cells) + " |")
     table.append("")
     table.append("❌ failed or error · 🕳️ coverage lost (newly skipped or missing) · 🟡 waived · ✅ passed · "
-                 "⚪ skipped only · ≠ archs: greedy tokens differ across archs")
+                 "⚪ skipped only · ≠ archs: greedy tokens differ across archs (❌ where a token at the first "
+                 "divergence is outside the other arch's top-k)")
 
     def case(key: str) -> str:
         return _case_line(report, report.cases[key])
@@ -128,9 +132,9 @@ def render(report: NightReport, g: Grid) -> str:
     body += _section("Still failing", d["still_failing"], case) + _section("Fixed", d["fixed"], _code)
     body += _section("Flaky", d["flaky"], case)
     body += _section("Cross-arch disagreements", report.disagreements,
-                     lambda x: _text(describe_disagreement(x), 400))
+                     lambda x: ("❌ " if x["red"] else "≈ ") + _text(describe_disagreement(x), 400))
     # a case under a waiver never reads as a plain pass (it is waived, xpassed or failed): skip those fast
-    waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop("waiver_reason") is not None]
+    waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop(P.WAIVER_REASON) is not None]
     body += _section("Waivers", waived, _waiver_line)
     body += _section("Bad input files (skipped)", report.bad_inputs,
                      lambda b: f"{_code(b['path'])}: {_text(b['problem'])}")
@@ -138,8 +142,8 @@ def render(report: NightReport, g: Grid) -> str:
     for inp in report.inputs[:LIST_LIMIT]:
         p = {**inp.common, **inp.properties}
         runs.append("| " + " | ".join(_text(x) for x in (
-            inp.path, p.get("runner", ""), ", ".join(inp.archs), p.get("device_name", ""),
-            p.get("vllm_version", ""), p.get("torch_version", ""))) + f" | {inp.cases} |")
+            inp.path, p.get(P.RUNNER, ""), ", ".join(inp.archs), p.get(P.DEVICE_NAME, ""),
+            p.get(P.VLLM_VERSION, ""), p.get(P.TORCH_VERSION, ""))) + f" | {inp.cases} |")
     if len(report.inputs) > LIST_LIMIT:
         runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
     return bounded("\n".join(head + table + body + runs) + "\n")
@@ -147,9 +151,9 @@ def render(report: NightReport, g: Grid) -> str:
 
 def _waiver_line(c: CaseResult) -> str:
     p = c.props
-    link = p.get("waiver_link", "")
+    link = p.get(P.WAIVER_LINK, "")
     shown = f"[{_text(link)}]({link})" if _URL.fullmatch(link) else _text(link)
-    expired = p.get("waiver_expired") == "true" or c.message.startswith("waiver expired")
+    expired = p.get(P.WAIVER_EXPIRED) == "true" or c.message.startswith("waiver expired")
     state = "**expired**, counted as failed" if expired else c.outcome
-    return (f"{_code(c.key)} {state}: {_text(p['waiver_reason'])} ({shown}; expires "
-            f"{_text(p.get('waiver_expires', '?'))})")
+    return (f"{_code(c.key)} {state}: {_text(p[P.WAIVER_REASON])} ({shown}; expires "
+            f"{_text(p.get(P.WAIVER_EXPIRES, '?'))})")

@@ -1,6 +1,6 @@
 "use strict";
 const D = JSON.parse(document.getElementById("qm-data").textContent);
-const C = D.cases, N = C.r.length, F = {new: 1, still: 2, fixed: 4, lost: 8, flaky: 16, disagree: 32};
+const C = D.cases, N = C.r.length, F = {new: 1, still: 2, fixed: 4, lost: 8, flaky: 16, disagree: 32, diverged: 64};
 const RED = new Set(["failed", "error"]), PASS = new Set(["passed", "xpassed"]);
 const archs = [...new Set(D.cols.map(c => c[0]))], modes = [...new Set(D.cols.map(c => c[1]))];
 const schemes = [...new Set(D.rows.map(r => r[1]).filter(s => s))].sort();
@@ -33,7 +33,7 @@ function visible(i) {
 }
 function status(ids) {
   const o = new Set(ids.map(i => D.outcomes[C.o[i]]));
-  if ([...o].some(x => RED.has(x))) return "fail";
+  if ([...o].some(x => RED.has(x)) || ids.some(i => C.f[i] & F.diverged)) return "fail";
   if (ids.some(i => C.f[i] & F.lost)) return "lost";
   if (o.has("waived")) return "waived";
   return [...o].some(x => PASS.has(x)) ? "pass" : "skip";
@@ -89,7 +89,8 @@ function render() {
 function caseBlock(i) {
   const o = D.outcomes[C.o[i]], d = D.details[i], f = C.f[i];
   const tags = [["new", "new failure"], ["still", "still failing"], ["fixed", "fixed"],
-    ["lost", "coverage lost"], ["flaky", "flaky"], ["disagree", "differs across archs"]]
+    ["lost", "coverage lost"], ["flaky", "flaky"], ["disagree", "differs across archs"],
+    ["diverged", "outside another arch's top-k"]]
     .filter(([k]) => f & F[k]).map(([, t]) => t);
   const head = el("div", {}, el("span", {class: "badge o-" + o}, o), el("b", {}, D.checks[C.h[i]]),
     ...tags.map(t => el("span", {class: "tag"}, t)));
@@ -146,7 +147,8 @@ function renderLists() {
   const dis = D.disagreements.filter(x => x.cases.some(visible));
   if (dis.length) box.append(el("h2", {}, "Cross-arch disagreements (" + dis.length + ")"),
     el("ul", {"data-list": "disagreements"}, ...dis.map(x =>
-      el("li", {}, el("a", {onclick: () => showCases("cross-arch disagreement", x.cases)}, x.text)))));
+      el("li", {}, x.red ? "\u274c " : "\u2248 ",
+        el("a", {onclick: () => showCases("cross-arch disagreement", x.cases)}, x.text)))));
   if (D.bad.length) box.append(el("h2", {}, "Bad input files, skipped (" + D.bad.length + ")"),
     el("ul", {"data-list": "bad"}, ...D.bad.map(b => el("li", {}, el("code", {}, b.path), ": " +
       b.problem))));
@@ -164,9 +166,11 @@ document.getElementById("sub").textContent =
 const banner = document.getElementById("banner");
 banner.className = D.exit ? "bad" : "good";
 const lostArchs = D.archs_lost.length ? "; no results at all from " + D.archs_lost.join(", ") : "";
+const diverged = D.disagreements.reduce((n, x) => n + x.red, 0);
 banner.textContent = D.exit ? D.lists["New failures"].length + " new failures, " +
   D.lists["Still failing"].length + " still failing; coverage lost: " + D.lists["Coverage lost"].length +
-  lostArchs : "nothing is failing and nothing stopped being tested";
+  lostArchs + (diverged ? "; cross-arch outside the top-k: " + diverged : "") :
+  "nothing is failing and nothing stopped being tested";
 const broken = document.getElementById("vllm-broken");
 for (const line of D.vllm_broken) broken.append(el("p", {class: "bad"}, line));
 fillSelect("f-arch", "arch", archs);
