@@ -1,0 +1,194 @@
+"""The cross-arch comparison end to end, as a night runs it: the real plugin on two archs (two pytest runs, each
+`--arch X -m X` over one small matrix, each writing JUnit), then the real `quantmatrix report` over both files.
+
+The engine is a STAND-IN: vLLM's CPU engine costs ~25 s a start here, so a fake `vllm` package on the runs'
+PYTHONPATH implements exactly the surface the engine child uses (`vllm.LLM(model=..., **engine_args)`,
+`.generate(prompts, SamplingParams, use_tqdm=False)`, `.apply_model(fn)`, RequestOutputs with
+`prompt_token_ids` and `outputs[0].text / token_ids / logprobs`, and the loader module the poison seam wraps);
+every other `vllm.*` module the health check imports (adapter.health.PARTS) is an empty package. Its greedy
+tokens depend on the arch's `engine_args` (`fake_kernel`), as a real kernel's numerics depend on the arch:
+`reference` on sm120; on sm121 `near_tie` picks the reference's second choice at one position (a flip within
+each other's top-k), `outside` picks a token the reference never ranked (what an arch-dependent bug does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from quantmatrix import properties as P
+from quantmatrix.adapter.health import PARTS
+from quantmatrix.cli import main
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+FAKE_VLLM = '''
+"""A stand-in vLLM for quantmatrix's tests (tests/test_crossarch_plugin.py): no model, deterministic tokens."""
+RANKS = 4  # alternatives after the greedy choice: a token at rank 2 is 100 above it, rank 3 200 above, ...
+
+
+class Logprob:
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+
+class SamplingParams:
+    def __init__(self, temperature=1.0, max_tokens=16, logprobs=None, ignore_eos=False):
+        self.max_tokens, self.logprobs = max_tokens, logprobs
+
+
+class _Completion:
+    def __init__(self, token_ids, logprobs):
+        self.token_ids, self.logprobs = token_ids, logprobs
+        self.text = "".join(f" t{t}" for t in token_ids)
+
+
+class RequestOutput:
+    def __init__(self, prompt_token_ids, completion):
+        self.prompt_token_ids, self.outputs = prompt_token_ids, [completion]
+
+
+def _step(prompt, position, kernel, k):
+    """(greedy token, its ranked top-k) at one position of one prompt, on this kernel."""
+    ref = 1000 + 10 * prompt + position
+    ranked = [ref + 100 * r for r in range(RANKS + 1)]
+    if prompt == 0 and position >= 2 and kernel != "reference":
+        if position == 2 and kernel == "near_tie":  # the reference's runner-up wins here: a near-tie flip
+            ranked = [ranked[1], ranked[0], *ranked[2:]]
+        else:  # after the parting (or, for `outside`, at it) this kernel continues on its own tokens
+            ranked = [7000 + position + 100 * r for r in range(RANKS + 1)]
+    return ranked[0], {t: Logprob(-0.5 * r - 0.1) for r, t in enumerate(ranked[:k])}
+
+
+class _Model:
+    def named_modules(self):
+        return iter(())
+
+
+class LLM:
+    def __init__(self, model, **engine_args):
+        self.kernel = engine_args.get("fake_kernel", "reference")
+
+    def generate(self, prompts, params, use_tqdm=True):
+        out = []
+        for p, _ in enumerate(prompts):
+            steps = [_step(p, j, self.kernel, params.logprobs) for j in range(params.max_tokens)]
+            out.append(RequestOutput([1, 2, 3 + p], _Completion([t for t, _ in steps], [lp for _, lp in steps])))
+        return out
+
+    def apply_model(self, fn):
+        return [fn(_Model())]
+
+
+'''
+# The modules the health check imports (adapter.health.PARTS) are empty packages of the stand-in, except these.
+MODULES = {"vllm.model_executor.model_loader.base_loader": "initialize_model = process_weights_after_loading = "
+                                                            "lambda *args, **kwargs: None\n",
+           "vllm.model_executor.layers.quantization": "get_quantization_config = lambda method: object\n"}
+
+MATRIX = """\
+version: 1
+archs:
+  - {name: sm120, capability: "12.0", aliases: [rtx_pro_6000], label: RTX PRO 6000,
+     engine_args: {fake_kernel: reference}}
+  - {name: sm121, capability: "12.1", aliases: [gb10], label: GB10, engine_args: {fake_kernel: KERNEL}}
+modes:
+  - {name: default, label: default}
+schemes:
+  - name: bf16
+    marker: bf16
+    label: bf16
+    expect:
+      degeneration: {max_repeat_run: 4, min_distinct_1: 0.5, min_distinct_2: 0.5, max_compression_ratio: 6}
+      degenerate: false
+      agreement_top_k: 3
+checks:
+  - {name: degeneration, kind: e2e, tier: gpu, vllm: [engine], description: greedy output is not degenerate}
+checkpoints:
+  - {id: tiny, source: {path: ck}, producer: none, scheme: bf16}
+e2e:
+  prompts: prompts.txt
+  references: refs
+  max_tokens: 6
+  logprobs: 5
+  timeout_s: 120
+  reference_mode: default
+"""
+
+TESTS = """\
+from quantmatrix.checks import e2e as verdicts
+
+def test_degeneration(case, engine_run, judge):
+    judge(verdicts.degeneration, case, engine_run)
+"""
+
+
+@pytest.fixture
+def night(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """A project over the two-arch matrix with the stand-in vLLM first on PYTHONPATH; returns a function that
+    runs both archs with the given sm121 kernel and merges their JUnit with `quantmatrix report`."""
+    site = tmp_path / "fake-site"
+    for module in {m for modules in PARTS.values() for m in modules} | set(MODULES):
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            (site.joinpath(*parts[:i])).mkdir(parents=True, exist_ok=True)
+            (site.joinpath(*parts[:i]) / "__init__.py").write_text(MODULES.get(".".join(parts[:i]), ""))
+    (site / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(SRC)]))
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
+    pytester.makefile(".txt", prompts="first prompt\nsecond prompt\n")
+    (pytester.path / "ck").mkdir()
+    (pytester.path / "ck" / "config.json").write_text("{}")
+    pytester.makepyfile(test_e2e=TESTS)
+
+    def run(kernel: str) -> tuple[int, dict, str, list[Path]]:
+        pytester.makefile(".yaml", m=MATRIX.replace("KERNEL", kernel))
+        files = []
+        for arch in ("sm120", "sm121"):
+            junit = pytester.path / f"{kernel}-{arch}.xml"
+            result = pytester.runpytest_subprocess("--matrix", "m.yaml", "--arch", arch, "-m", arch,
+                                                   "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                                                   f"--junitxml={junit}")
+            result.assert_outcomes(passed=1)
+            files.append(junit)
+        out = tmp_path / f"report-{kernel}"
+        code = main(["report", *map(str, files), "--out", str(out), "--night", kernel, "--date", "2026-12-02"])
+        return code, json.loads((out / "summary.json").read_text()), (out / "matrix.md").read_text(), files
+
+    return run
+
+
+def _properties(junit: Path) -> list[list[str]]:
+    return [[p.get("name", "") for p in tc.iter("property")] for tc in ET.parse(junit).iter("testcase")]
+
+
+@pytest.mark.parametrize(("kernel", "red", "detail"), [
+    ("outside", True, "prompt 0 diverges at token 2: 7002 vs 1002 (ranks >3 and >3 in each other's top-3)"),
+    ("near_tie", False, "near-tie: prompt 0 diverges at token 2: 1102 vs 1002 (ranks 2 and 2 in each other's "
+                        "top-3)"),
+], ids=["outside", "near_tie"])
+def test_the_merged_report_shows_the_archs_disagreement_red_only_outside_the_top_k(night, one_disagreement,
+                                                                                   kernel, red, detail) -> None:
+    """sm121's engine leaves sm120's tokens at prompt 0, token 2, and each arch's own degeneration case passes.
+    `outside`: for a token sm120 never ranked, so the merged report marks the disagreement red (summary.json,
+    matrix.md) and exits 1. `near_tie`: for sm120's second choice, while sm120's choice is sm121's second, so
+    it is recorded and shown (≈, ≠ archs) and the night stays green. Both name both devices, and every case
+    recorded each of its properties once."""
+    code, s, md, files = night(kernel)
+    assert one_disagreement(s, md, "sm121", red) == detail
+    (d,) = s["disagreements"]
+    assert (d["checkpoint"], d["mode"], d["check"]) == ("tiny", "default", "degeneration")
+    assert ([r["arch"] for r in d["reference"]], d["differs"][0]["device"]) == (["sm120"], "declared GB10")
+    assert code == int(red) and s["totals"]["passed"] == 2
+    assert ("tiny / default / degeneration: sm121 (declared GB10) differs from sm120 (declared RTX PRO 6000): "
+            + detail.replace(">", "\\>")) in md  # matrix.md escapes Markdown
+    assert "≠ archs" in md
+    for junit in files:
+        (names,) = _properties(junit)
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        assert {P.GREEDY_TOKEN_IDS, P.GREEDY_TOP_K, P.DEVICE_NAME} <= set(names)
