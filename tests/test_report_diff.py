@@ -221,6 +221,10 @@ def test_cross_arch_red_outside_the_top_k_and_a_near_tie_only_shown(junit_suite:
     key = "test_suite::test_degeneration[qwen3moe-tiny-nvfp4-weight-only@sm121-default]"
     assert P.GREEDY_TOKEN_IDS in s["cases"][key]["properties"]  # summary.json keeps the tokens, not the top-k
     assert P.GREEDY_TOP_K not in s["cases"][key]["properties"] and P.GREEDY_TOP_K not in str(s["inputs"])
+    page = (tmp_path / "out1" / "index.html").read_text()  # the page's data: what its script marks red
+    data = json.loads(page.split('id="qm-data">', 1)[1].split("</script>", 1)[0])
+    flags = dict(zip(sorted(s["cases"]), data["cases"]["f"], strict=True))
+    assert (flags[key], data["disagreements"][0]["red"], data["exit"]) == (32 | (64 if red else 0), int(red), int(red))
 
 
 @pytest.mark.parametrize("edit, message", [
