@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from quantmatrix.checkpoints import lint
+from quantmatrix.checkpoints import lint, producers
 from quantmatrix.checkpoints.lint import Declared, Finding, LintError, LintReport
 from quantmatrix.checks.checkpoint import lint_problem
 from quantmatrix.schema.model import TensorFinding
@@ -28,12 +28,12 @@ CT = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
 def _module(prefix: str, *, producer: str = "modelopt", inputs: bool = True, scale_2: float = 0.5,
             input_scale: float = 0.25) -> dict[str, torch.Tensor]:
     """One NVFP4 Linear of 4 outputs x 32 inputs, as the producer names it."""
-    names = lint.LEAVES[producer]
+    names = producers.leaves(producer, lint.SCHEME)
     out = {f"{prefix}.{names['weight']}": torch.full((4, 16), 0x21, dtype=torch.uint8),
-           f"{prefix}.weight_scale": torch.ones(4, 2).to(torch.float8_e4m3fn),
-           f"{prefix}.{names['scale_2']}": torch.tensor(scale_2)}
+           f"{prefix}.{names['block_scale']}": torch.ones(4, 2).to(torch.float8_e4m3fn),
+           f"{prefix}.{names['global_scale']}": torch.tensor(scale_2)}
     if inputs:
-        out[f"{prefix}.{names['input']}"] = torch.tensor(input_scale)
+        out[f"{prefix}.{names['input_scale']}"] = torch.tensor(input_scale)
     return out
 
 

@@ -18,19 +18,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
 
-__all__ = ["LEAVES", "NVFP4_LEAVES", "LintError", "LintReport", "declared", "lint"]
+__all__ = ["SCHEME", "LintError", "LintReport", "declared", "lint"]
 MAX_EXPERTS = 65536  # a config claiming more is refused, not expanded into a finding per expert
 EXPERT_FINDINGS = 16  # missing experts of one projection listed one by one; beyond that, summarised
-
-LEAVES = {
-    "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
-    "compressed-tensors": {"weight": "weight_packed", "scale_2": "weight_global_scale",
-                           "input": "input_global_scale"},
-}
-NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
-                 "input_global_scale"}
+SCHEME = "nvfp4"  # the scheme module whose tensors this lint knows: each producer's names for it (producers.leaves)
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 _EXPERT = re.compile(r"\.layers\.(\d+)\..*\.experts\.(\d+)\.")
@@ -237,31 +231,33 @@ def _scheme_words(d: Declared) -> str:
 
 
 def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
-    names = LEAVES[d.producer]
+    names = producers.leaves(d.producer, SCHEME)
+    scale, scale_2, inputs = names["block_scale"], names["global_scale"], names["input_scale"]
     out: list[Finding] = []
 
     def bad(code: str, leaf: str, message: str) -> None:
         out.append(Finding(code, module, leaf, message))
 
-    required = [names["weight"], "weight_scale", names["scale_2"]]
+    required = [names["weight"], scale, scale_2]
     if d.scheme == "w4a4":
-        required.append(names["input"])
+        required.append(inputs)
     for leaf in required:
         if leaf not in leaves:
             why = ""
-            if leaf == names["input"]:
+            if leaf == inputs:
                 why = ("; vLLM's W4A4 MoE kernels fold it into the dequant alphas, so the buffer it never "
                        "loaded (uninitialised memory) would scale this expert")
             bad("missing_tensor", leaf, f"missing; the config declares {_scheme_words(d)}{why}")
-    if d.scheme == "weight_only" and names["input"] in leaves:
-        bad("unexpected_tensor", names["input"], f"present, but the config declares {_scheme_words(d)}: vLLM's "
+    if d.scheme == "weight_only" and inputs in leaves:
+        bad("unexpected_tensor", inputs, f"present, but the config declares {_scheme_words(d)}: vLLM's "
             "weight-only path discards it, so the export and its config disagree about the activations")
-    other = {v for p, n in LEAVES.items() if p != d.producer for v in n.values()} - set(names.values())
-    for leaf in sorted(set(leaves) - set(required) - {names["input"]} - _ALLOWED_EXTRA):
+    other = {v for p, n in producers.writers(SCHEME).items() if p != d.producer for v in n.values()} - set(
+        names.values())
+    for leaf in sorted(set(leaves) - set(required) - {inputs} - _ALLOWED_EXTRA):
         hint = " (a name of the other producer)" if leaf in other else ""
         bad("unexpected_tensor", leaf, f"not part of a {d.producer} NVFP4 module{hint}")
 
-    w, s = leaves.get(names["weight"]), leaves.get("weight_scale")
+    w, s = leaves.get(names["weight"]), leaves.get(scale)
     if w is not None and (w.dtype != "U8" or len(w.shape) != 2):
         bad("bad_dtype" if w.dtype != "U8" else "bad_shape", w.name.rpartition(".")[2],
             f"is {w.dtype} {list(w.shape)}; packed e2m1 is U8 [out, in/2]")
@@ -270,17 +266,17 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
             "blocks of 16 (one E4M3 scale per 16 inputs)")
     if s is not None:
         if s.dtype != "F8_E4M3":
-            bad("bad_dtype", "weight_scale", f"is {s.dtype}; block scales are F8_E4M3")
+            bad("bad_dtype", scale, f"is {s.dtype}; block scales are F8_E4M3")
         if w is not None and len(w.shape) == 2 and s.shape != (w.shape[0], w.shape[1] * 2 // 16):
-            bad("bad_shape", "weight_scale", f"is {list(s.shape)}, expected {[w.shape[0], w.shape[1] * 2 // 16]} "
+            bad("bad_shape", scale, f"is {list(s.shape)}, expected {[w.shape[0], w.shape[1] * 2 // 16]} "
                 f"(one per 16 inputs of {names['weight']} {list(w.shape)})")
         elif block_scales and s.dtype == "F8_E4M3":
             raw = _read(s, s.numel)
             nan = sum(raw.count(b) for b in (b"\x7f", b"\xff"))
             zero = sum(raw.count(b) for b in (b"\x00", b"\x80"))
             if nan or zero:
-                bad("bad_value", "weight_scale", f"{nan} NaN and {zero} zero of {s.numel} block scales")
-    for leaf in (names["scale_2"], names["input"]):
+                bad("bad_value", scale, f"{nan} NaN and {zero} zero of {s.numel} block scales")
+    for leaf in (scale_2, inputs):
         t = leaves.get(leaf)
         if t is None:
             continue
@@ -325,7 +321,7 @@ def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]
 def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Finding]:
     """An expert's gate and up projections share one input and one global scale (vLLM keeps one per w13)."""
     pairs = (("gate_proj", "up_proj"), ("w1", "w3"))
-    leaf = LEAVES[d.producer]["scale_2"]
+    leaf = producers.leaves(d.producer, SCHEME)["global_scale"]
     out = []
     for module, leaves in modules.items():
         for a, b in pairs:
@@ -355,9 +351,10 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
         module, _, leaf = t.name.rpartition(".")
         modules.setdefault(module, {})[leaf] = t
     nvfp4 = 0
+    quantized = producers.quantized_leaves(SCHEME)
     for module, leaves in modules.items():
         weight = leaves.get("weight")
-        is_nvfp4 = bool(NVFP4_LEAVES & set(leaves)) or (weight is not None and weight.dtype == "U8")
+        is_nvfp4 = bool(quantized & set(leaves)) or (weight is not None and weight.dtype == "U8")
         nvfp4 += is_nvfp4
         if d.scheme == "unquantized":
             if is_nvfp4:

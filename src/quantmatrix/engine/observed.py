@@ -80,7 +80,7 @@ def measure(checkpoint_dir: Path, capability: tuple[int, int], tokens: int = 8, 
     from safetensors.torch import load_file
 
     from quantmatrix.adapter import kernel, layers
-    from quantmatrix.adapter.roles import role_of
+    from quantmatrix.checkpoints.producers import role_of
 
     files = sorted(checkpoint_dir.glob("*.safetensors"))
     weights = {name: t for path in files for name, t in load_file(str(path)).items()}

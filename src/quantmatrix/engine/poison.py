@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from quantmatrix.adapter import engine as adapter
-from quantmatrix.adapter.roles import role_of
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.engine.protocol import POISON_ENV as ENV
 
 VALUES: dict[str, float] = {"zero": 0.0, "one": 1.0, "nan": math.nan}

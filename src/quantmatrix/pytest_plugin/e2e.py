@@ -232,10 +232,8 @@ def engine_checkpoint(case: Case, checkpoint_dir: Path, e2e: E2E, request: pytes
     ck = case.cell.checkpoint
     plat = e2e.platforms.get(request.config.stash[E2E_SETTINGS].platform)
     size = plat.synthetic_size if plat else None
-    if ck.source.kind != "synthetic" or size is None or store.spec_of(ck).size == size:
-        return EngineCheckpoint(checkpoint_dir, None)
-    twin = dataclasses.replace(store.spec_of(ck), size=size)
-    return EngineCheckpoint(store.materialize_spec(twin, f"{ck.id}-{size}"), size)
+    twin = store.twin(ck, size) if size is not None else None
+    return EngineCheckpoint(twin, size) if twin is not None else EngineCheckpoint(checkpoint_dir, None)
 
 
 @pytest.fixture

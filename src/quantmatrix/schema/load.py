@@ -17,6 +17,7 @@ import yaml
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
 from quantmatrix.schema import e2e, fields
+from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
     Check,
@@ -158,9 +159,11 @@ def _schemes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, Scheme]:
             "label": Field(as_text, "human label"),
             "expect": Field(fields.expect, "default expectations of its checkpoints", required=False,
                             default=dict),
+            "factory": Field(one_of(FACTORY_SCHEMES), "the factory scheme its synthetic checkpoints are built as",
+                             required=False),
         })
         _unique(doc, seen, r["name"], r["@name"], "scheme")
-        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"])
+        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"], r["factory"])
     return schemes
 
 
@@ -232,7 +235,12 @@ def _checkpoint(doc: Doc, node: yaml.Node, i: int, schemes: Mapping[str, Scheme]
         raise doc.error(r["@scheme"], f"{what}.scheme: unknown scheme {r['scheme']!r}"
                                       f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
     if r["source"].kind == "synthetic":
-        problem = SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value).problem()
+        scheme = schemes[r["scheme"]]
+        if scheme.factory is None:
+            raise doc.error(r["@scheme"], f"{what}.scheme: scheme {scheme.name!r} has no `factory:` (the factory "
+                                          "scheme a synthetic checkpoint of it is built as: one of "
+                                          f"{', '.join(FACTORY_SCHEMES)})")
+        problem = SyntheticSpec(producer=r["producer"], scheme=scheme.factory, **r["source"].value).problem()
         if problem:
             raise doc.error(r["@source"], f"{what}.source.synthetic: {problem}")
     return Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]], r["expect"], r["label"],

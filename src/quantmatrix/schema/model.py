@@ -59,6 +59,7 @@ class Scheme:
     marker: str
     label: str
     expect: Mapping[str, Any]
+    factory: str | None = None  # the factory scheme (schema.factory.SCHEMES) its synthetic checkpoints are built as
 
 
 @dataclasses.dataclass(frozen=True)
