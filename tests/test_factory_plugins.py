@@ -167,6 +167,13 @@ def test_a_missing_or_impossible_factory_scheme_names_file_and_line(tmp_path, te
     assert fragment in str(info.value), str(info.value)
 
 
+def test_a_spec_made_in_code_with_an_unregistered_factory_scheme_says_so():
+    """Outside the loader (which refuses it at file:line), a spec naming no registered factory scheme says which
+    exist instead of failing on a lookup."""
+    assert SyntheticSpec(producer="modelopt", scheme="nvfp4_w4a16").problem() == (
+        "factory scheme 'nvfp4_w4a16' is none of bf16, nvfp4_weight_only, nvfp4_w4a4")
+
+
 def test_a_hub_only_scheme_needs_no_factory(tmp_path):
     """`factory:` matters only to synthetic checkpoints: a scheme of hub and path checkpoints may leave it out."""
     text = _replace(", factory: nvfp4_w4a4,", ",").replace(

@@ -84,9 +84,11 @@ def base_of(checkpoint: Checkpoint) -> Path:
 def twin(checkpoint: Checkpoint, size: str) -> Path | None:
     """The synthetic checkpoint built at another size (`<id>-<size>`, e.g. the engine's GPU-sized twin), or None
     where the checkpoint itself serves: not synthetic, or already that size."""
-    if checkpoint.source.kind != "synthetic" or spec_of(checkpoint).size == size:
+    if checkpoint.source.kind != "synthetic":
         return None
-    return materialize_spec(dataclasses.replace(spec_of(checkpoint), size=size), f"{checkpoint.id}-{size}")
+    spec = spec_of(checkpoint)
+    return None if spec.size == size else materialize_spec(dataclasses.replace(spec, size=size),
+                                                           f"{checkpoint.id}-{size}")
 
 
 def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
