@@ -1,8 +1,10 @@
 """This host's GPUs, mapped to matrix archs by exact compute capability.
 
-Detection is an ordered chain of small providers (pytest-xdist's auto-workers style): the first that
-answers wins. Capability maps to exactly one family: sm120/sm121 are never "sm100 or later". No provider imports
-torch in this process: torch.cuda is asked in a child (host.probe), and only when torch is a GPU build.
+Detection is an ordered chain of small providers: the first that answers wins. It is the default answer of the
+plugin's `pytest_quantmatrix_host` hook (pytest_plugin.hooks, pytest-xdist's `pytest_xdist_auto_num_workers`
+style): a runner's conftest.py that answers that hook replaces it, without patching anything here.
+Capability maps to exactly one family: sm120/sm121 are never "sm100 or later". No provider imports torch in this
+process: torch.cuda is asked in a child (host.probe), and only when torch is a GPU build.
 """
 
 from __future__ import annotations
@@ -155,11 +157,12 @@ def _from_torch(matrix: Matrix, override: str | None) -> Host | None:
     return Host(tuple(devices), "torch.cuda", note)
 
 
-PROVIDERS: tuple[Provider, ...] = (_from_override, _from_env, _from_nvidia_smi, _from_torch)
+_CHAIN: tuple[Provider, ...] = (_from_override, _from_env, _from_nvidia_smi, _from_torch)
 
 
 def detect(matrix: Matrix, override: str | None = None) -> Host:
-    for provider in PROVIDERS:
+    """--arch (`override`), then QUANTMATRIX_ARCH, then nvidia-smi, then torch.cuda."""
+    for provider in _CHAIN:
         host = provider(matrix, override)
         if host is not None:
             return host
