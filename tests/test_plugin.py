@@ -184,15 +184,20 @@ def pytest_quantmatrix_host(config, matrix, arch):
 
 def test_a_runners_conftest_answers_host_detection_through_the_hook_with_cuda_queries_faked(suite):
     """A runner's conftest.py that implements pytest_quantmatrix_host replaces detection (here a GB10 it names
-    itself, where the faked queries find none): its sm121 gpu cases run, the others skip naming its answer."""
+    itself, where the faked queries find none): its sm121 gpu cases run, the others skip naming its answer. The
+    conftest is docs/runners.md's: an explicit --arch still goes to the chain."""
     suite.makeconftest(HOST_CONFTEST.format(
-        body='return Host((Device(0, "NVIDIA GB10", matrix.arch("gb10").capability),), "runner conftest")'))
+        body='if arch:\n        return None\n'
+             '    return Host((Device(0, "NVIDIA GB10", matrix.arch("gb10").capability),), "runner conftest")'))
     result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "-rs")
     result.assert_outcomes(passed=2, skipped=4)
     result.stdout.fnmatch_lines([
         "quantmatrix: host cuda:0 NVIDIA GB10 [[]sm121 (GB10 / DGX Spark)[]] (via runner conftest)*",
         "*needs sm120 (RTX PRO 6000); this host: cuda:0 NVIDIA GB10 [[]sm121 (GB10 / DGX Spark)[]] "
         "(via runner conftest)*"])
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--arch", "rtx_pro_6000", "-v")
+    result.assert_outcomes(passed=2, skipped=4)
+    assert all("@sm120-" in line for line in result.outlines if "PASSED" in line)
 
 
 def test_a_conftest_that_answers_none_leaves_detection_to_the_chain_with_cuda_queries_faked(suite):

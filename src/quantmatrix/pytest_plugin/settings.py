@@ -38,9 +38,7 @@ class Settings:
     health_timeout: float  # seconds the vLLM health child may take (pytest_plugin.health)
     time_limit: float | None  # --time-limit, seconds
     deadline: float | None  # time.monotonic() at which --time-limit runs out
-    gpus_per_worker: int | None
-    worker: str | None  # the xdist worker id (config.workerinput["workerid"]); None outside a worker
-    pinned: tuple[str, ...] | None  # the GPUs this worker was pinned to (CUDA_VISIBLE_DEVICES); None: not pinned
+    gpus_per_worker: int | None  # each xdist worker's own GPUs (None: one each), pinned before detection
     run_id: str  # `quantmatrix run`'s id (QUANTMATRIX_RUN_ID), "" for a plain pytest run
     update_references: bool  # this run writes the e2e references (pytest_plugin.e2e)
 
@@ -101,9 +99,9 @@ def resolve(config: pytest.Config) -> Settings:
     """Every option, the ini key and the environment, read once (pytest-timeout's get_env_settings). An xdist
     worker is pinned to its GPUs before the host is detected, so that detection sees only the worker's own."""
     opt = {flag.dest: config.getoption(flag.dest) for flag in FLAGS}
-    worker = (getattr(config, "workerinput", None) or {}).get("workerid")
+    worker = (getattr(config, "workerinput", None) or {}).get("workerid")  # xdist's id of this worker
     try:
-        pinned = runner.pin(worker, opt["gpus_per_worker"], config.getoption("numprocesses", None))
+        runner.pin(worker, opt["gpus_per_worker"], config.getoption("numprocesses", None))
     except QuantmatrixError as e:
         raise pytest.UsageError(str(e)) from None
     path, source = _matrix_path(config, opt["matrix"])
@@ -122,7 +120,7 @@ def resolve(config: pytest.Config) -> Settings:
         strict_checkpoints=opt["strict_checkpoints"], today=datetime.date.today(),
         runner=os.environ.get("RUNNER_NAME") or socket.gethostname(), health_timeout=opt["vllm_health_timeout"],
         time_limit=limit, deadline=None if limit is None else time.monotonic() + limit,
-        gpus_per_worker=opt["gpus_per_worker"], worker=worker, pinned=pinned, run_id=os.environ.get(RUN_ID_ENV, ""),
+        gpus_per_worker=opt["gpus_per_worker"], run_id=os.environ.get(RUN_ID_ENV, ""),
         update_references=opt["update_references"])
 
 
