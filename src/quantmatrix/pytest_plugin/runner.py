@@ -8,10 +8,8 @@ import os
 import re
 
 from quantmatrix.errors import OptionError
-from quantmatrix.host.detect import query_nvidia_smi
+from quantmatrix.host.detect import VISIBLE, query_nvidia_smi
 from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER
-
-VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 def visible_gpus() -> list[str]:
@@ -47,15 +45,14 @@ def worker_gpus(worker_id: str | None, per_worker: int | None, gpus: list[str]) 
     return mine
 
 
-def pin(worker_id: str | None, per_worker: int | None, workers: int | None = None) -> tuple[str, ...] | None:
+def pin(worker_id: str | None, per_worker: int | None, workers: int | None = None) -> None:
     """On an xdist worker, before any CUDA use (host detection and the engines' children read the variable),
-    restrict this process to its own GPUs; the GPUs pinned, or None. In the xdist controller (`workers` from
-    -n), check first that the last worker will have GPUs of its own: one usage error, before any worker starts."""
+    restrict this process to its own GPUs. In the xdist controller (`workers` from -n), check first that the last
+    worker will have GPUs of its own: one usage error, before any worker starts."""
     if worker_id is None:
         if per_worker is not None and workers:
             worker_gpus(f"gw{workers - 1}", per_worker, visible_gpus())
-        return None
+        return
     mine = worker_gpus(worker_id, per_worker, visible_gpus())
     if mine is not None:
         os.environ[VISIBLE] = ",".join(mine)
-    return tuple(mine) if mine is not None else None
