@@ -1,6 +1,7 @@
-"""pytest hooks (entry point `pytest11: quantmatrix`): load the matrix once, register its markers, parametrize
-suites' checks over its cells, gate gpu-tier cases on this host's hardware, and stamp every case with what it
-ran on. The fixtures live in pytest_plugin.fixtures, registered from here."""
+"""pytest hooks (entry point `pytest11: quantmatrix`): add the options (pytest_plugin.options) and the
+`pytest_quantmatrix_host` hook with quantmatrix's own answer, resolve the Settings once, register the matrix's
+markers, parametrize suites' checks over its cells, stamp every case with what it ran on, and ask the gates
+(pytest_plugin.gates) before it runs. The fixtures live in pytest_plugin.fixtures, registered from here."""
 
 from __future__ import annotations
 
