@@ -47,7 +47,7 @@ def too_few_gpus(settings: Settings, cell: Cell) -> str | None:
     return f"{ck.id} needs {ck.gpus} GPUs of {cell.arch.describe()}; this host has {host.count(cell.arch)}"
 
 
-Gate = Callable[[pytest.Config, Case], "Stop | None"]
+Gate = Callable[[pytest.Config, Case], Stop | None]
 
 
 def time_limit(config: pytest.Config, case: Case) -> Stop | None:

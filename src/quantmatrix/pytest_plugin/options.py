@@ -70,8 +70,9 @@ STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cas
 STRICT_CHECKPOINTS = Flag("--strict-checkpoints", "fail, instead of skip, cases whose hub checkpoint is not in the "
                                                   "local HF cache (for a runner that is supposed to hold them: see "
                                                   "`quantmatrix fetch`)")
+_HEALTH_S = 120.0
 HEALTH_TIMEOUT = Flag("--vllm-health-timeout", "time limit of the one-per-session check that the vLLM under test "
-                                               "imports (default 120)", _seconds, 120.0, "S")
+                                               f"imports (default {_HEALTH_S:g})", _seconds, _HEALTH_S, "S")
 GPUS_PER_WORKER = Flag("--gpus-per-worker", "under pytest-xdist, pin each worker to its own N GPUs with "
                                             "CUDA_VISIBLE_DEVICES (worker gwK gets GPUs K*N .. K*N+N-1 of those "
                                             "visible); run with -n <GPUs / N>", _gpus, metavar="N")
