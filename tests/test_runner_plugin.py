@@ -9,7 +9,7 @@ import os
 from xml.etree import ElementTree as ET
 
 import pytest
-from matrixkit import gpu_less_suite
+from matrixkit import GPUS_MATRIX, gpu_less_suite
 
 from quantmatrix.adapter import versions
 from quantmatrix.errors import OptionError
@@ -163,27 +163,15 @@ def test_a_blank_arch_is_a_usage_error_naming_the_flag(suite, value):
     result.stderr.fnmatch_lines(["*--arch needs a name from the matrix, e.g. --arch sm120 or --arch gb10*"])
 
 
-GPUS_MATRIX = """\
-version: 1
-archs: [{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}]
-modes: [{name: default, label: d}]
-schemes: [{name: bf16, marker: bf16, label: bf16}]
-checks:
-  - {name: serves, kind: e2e, tier: gpu, vllm: [engine], description: an engine start}
-checkpoints:
-  - {id: four, source: {path: ck}, producer: none, scheme: bf16, gpus: 4}
-  - {id: two, source: {path: ck}, producer: none, scheme: bf16, gpus: 2}
-  - {id: one, source: {path: ck}, producer: none, scheme: bf16}
-"""
 FOUR_GB10 = "#!/bin/sh\nfor i in 0 1 2 3; do echo \"$i, NVIDIA GB10, 12.1\"; done\n"
 
 
-@pytest.mark.parametrize(("per_worker", "visible", "runs"), [
-    ([], {"0", "1", "2", "3"}, {"one"}),
-    (["--gpus-per-worker", "2"], {"0,1", "2,3"}, {"one", "two"}),
+@pytest.mark.parametrize(("per_worker", "visible", "skipped"), [
+    ([], {"0", "1", "2", "3"}, {"test_serves[big@sm121-default]"}),
+    (["--gpus-per-worker", "2"], {"0,1", "2,3"}, set()),
 ], ids=["one-each", "two-each"])
 def test_a_pinned_worker_counts_only_its_own_gpus_with_nvidia_smi_faked(pytester, monkeypatch, per_worker, visible,
-                                                                        runs):
+                                                                        skipped):
     """A host of four GB10s (a fake nvidia-smi on PATH, which lists the whole machine): each xdist worker is
     pinned to its own GPUs and detection counts only those, so a checkpoint needing more GPUs than a worker holds
     skips its engine check, naming both counts, instead of starting an engine that cannot fit."""
@@ -196,14 +184,13 @@ def test_a_pinned_worker_counts_only_its_own_gpus_with_nvidia_smi_faked(pytester
     monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
     (pytester.path / "ck").mkdir()
     pytester.makefile(".yaml", m=GPUS_MATRIX)
-    pytester.makepyfile(test_serves="import os\n\n\ndef test_serves(case, record_property):\n"
-                                    "    record_property('visible', os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    record = "    record_property('visible', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+    pytester.makepyfile(test_serves=f"import os\n\n\ndef test_serves(case, record_property):\n{record}\n\n"
+                                    f"def test_reads_config(case, record_property):\n{record}")
     result = pytester.runpytest_subprocess("--matrix", "m.yaml", "-n", "2", *per_worker, "-p", "no:cacheprovider",
                                            "--junitxml", "j.xml", "-o", "junit_family=xunit1")
-    result.assert_outcomes(passed=len(runs), skipped=3 - len(runs))
+    result.assert_outcomes(passed=4 - len(skipped), skipped=len(skipped))
     _, cases = _junit(pytester.path / "j.xml")
-    ran = {name.split("[")[1].split("@")[0]: props for name, props, why in cases if why is None}
-    assert set(ran) == runs
-    assert {props["visible"] for props in ran.values()} <= visible
-    gpus = 2 if "two" in runs else 1
-    assert all(why.endswith(f"GPUs of sm121 (GB10); this host has {gpus}") for _, _, why in cases if why)
+    assert {name for name, _, why in cases if why} == skipped
+    assert {props["visible"] for _, props, why in cases if why is None} <= visible
+    assert all(why == "big needs 2 GPUs of sm121 (GB10); this host has 1" for _, _, why in cases if why)
