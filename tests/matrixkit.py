@@ -39,6 +39,21 @@ checkpoints:
     scheme: nvfp4_w4a4
 """  # noqa: E501  (one scheme entry per line keeps the line numbers the schema tests name)
 
+# One GB10 arch, an engine check and a config-level one, and a checkpoint that needs two GPUs beside one that
+# needs one: the GPU-count gate's matrix (test_real_matrix, test_runner_plugin).
+GPUS_MATRIX = """\
+version: 1
+archs: [{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}]
+modes: [{name: default, label: d}]
+schemes: [{name: bf16, marker: bf16, label: bf16}]
+checks:
+  - {name: serves, kind: e2e, tier: gpu, vllm: [engine], description: an engine start}
+  - {name: reads_config, kind: lint, tier: gpu, description: one GPU is enough}
+checkpoints:
+  - {id: big, source: {path: ck}, producer: none, scheme: bf16, gpus: 2}
+  - {id: small, source: {path: ck}, producer: none, scheme: bf16}
+"""
+
 
 def write(tmp: Path, text: str = SMALL, name: str = "m.yaml") -> Path:
     path = tmp / name

@@ -103,3 +103,26 @@ def test_device_identity_verdict_with_probe_results_faked(matrix, arch, mode, se
     """The gpu-tier identity check judges (faked) probe output: exact arch, and the mode's allocator in effect."""
     problem = hardware.device_verdict(Case(None, _cell(matrix, arch, mode), None), seen).problem
     assert (problem is None) if fragment is None else (fragment in problem), problem
+
+
+@pytest.mark.parametrize(("visible", "seen", "note"), [
+    (None, ["0 A", "1 B", "2 C", "3 D"], ""),
+    ("2,3", ["0 C", "1 D"], ""),
+    ("3,1", ["0 D", "1 B"], ""),
+    ("1,7,2", ["0 B"], ""),  # CUDA stops at the first entry that names no device
+    ("", [], "CUDA_VISIBLE_DEVICES='' hides the 4 nvidia-smi lists"),
+    ("GPU-8c6a1f2e,1", ["0 A", "1 B", "2 C", "3 D"], ""),  # UUIDs: not read here, the list stays whole
+])
+def test_nvidia_smi_devices_are_those_cuda_visible_devices_shows_this_process_with_nvidia_smi_faked(
+        matrix, monkeypatch, no_cuda, visible, seen, note):
+    """nvidia-smi lists the machine; a process pinned with CUDA_VISIBLE_DEVICES (an xdist worker) counts only
+    its own GPUs, numbered as CUDA numbers them."""
+    machine = [detect.Device(i, name, (12, 1)) for i, name in enumerate("ABCD")]
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: machine)
+    if visible is None:
+        monkeypatch.delenv(detect.VISIBLE, raising=False)
+    else:
+        monkeypatch.setenv(detect.VISIBLE, visible)
+    host = detect.detect(matrix)
+    assert ([f"{d.index} {d.name}" for d in host.devices], host.note) == (seen, note)
+    assert host.count(matrix.arch("sm121")) == len(seen)

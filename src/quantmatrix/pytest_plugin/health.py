@@ -26,6 +26,7 @@ from quantmatrix.schema.model import Case
 
 _WORKER_KEY = "quantmatrix_vllm_health"
 _NOT_TESTED = ("not_tested", "vllm_broken")
+BROKEN_PROPERTIES = (_NOT_TESTED, ("vllm_health", "broken"))
 
 
 def _env_key() -> str:
@@ -70,15 +71,13 @@ def session_health(config: pytest.Config) -> Health | None:
     return session.memo["health"]
 
 
-def gate(item: pytest.Item, case: Case) -> None:
-    """Fail a case at once, before any fixture, when a part of vLLM it needs is broken."""
+def broken(config: pytest.Config, case: Case) -> str | None:
+    """The one shared message when a part of vLLM the case needs is broken (the gate in pytest_plugin.gates
+    fails the case with it, before any fixture, recording BROKEN_PROPERTIES); None when it is not."""
     if not case.check.vllm:
-        return
-    health = session_health(item.config)
-    message = health.message(case.check.vllm) if health is not None else None
-    if message:
-        item.user_properties += [_NOT_TESTED, ("vllm_health", "broken")]
-        pytest.fail(message, pytrace=False)
+        return None
+    health = session_health(config)
+    return health.message(case.check.vllm) if health is not None else None
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -29,6 +29,7 @@ from quantmatrix.schema.model import (
     Scheme,
     Selector,
     Waiver,
+    is_glob,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
 from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, TIERS, VLLM_PARTS
@@ -51,6 +52,11 @@ from quantmatrix.schema.yamldoc import (
 def _nodes(help_text: str, required: bool = True) -> Field:
     return Field(lambda d, n, w: tuple(d.sequence(n, w)), help_text, required=required, default=())
 
+
+# Where a checkout keeps its matrix files, and the one a run reads when it is named none (the plugin under its
+# rootdir, the CLI under the checkout).
+MATRICES = Path("matrices")
+DEFAULT_MATRIX = MATRICES / "default.yaml"
 
 # libyaml's parser when PyYAML has it (8x faster on a big matrix), with the same safe node graph and marks.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -296,7 +302,7 @@ class _Selectors:
         sel, nodes = fields.selector(self.doc, node, what)
         for key, pats in sel.patterns.items():
             for p in pats:
-                if not any(ch in p for ch in "*?[") and p not in self.known[key]:
+                if not is_glob(p) and p not in self.known[key]:
                     raise self.doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}"
                                                      f"{closest(p, self.known[key])}")
         return sel
