@@ -56,8 +56,9 @@ class Declaration:
 
     `producer`: modelopt | compressed-tensors | none (no quant_method: vLLM reads no quantization) | the
     quant_method as written (one vLLM's NVFP4 readers do not claim). `scheme`: weight_only | w4a4 | unquantized, or
-    None where the config is not NVFP4 (`algo` / `format` say what it is instead). `groups`: each config group's input_activations (group_activations), in order;
-    `groups_shape` is "present", "empty", "missing" or "a <type>" (config_groups that is not a mapping).
+    None where the config is not NVFP4 (`algo` / `format` say what it is instead). `groups`: each config group's
+    input_activations (group_activations), in order; `groups_shape` is "present", "empty", "missing" or "a <type>"
+    (config_groups that is not a mapping).
     `disagree`: the groups differ on the one question the producer's rule asks."""
 
     producer: str
