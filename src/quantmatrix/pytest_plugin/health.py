@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import os
 import sys
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from quantmatrix.adapter.health import Health, check
-from quantmatrix.adapter.versions import versions
+from quantmatrix.adapter.versions import versions, vllm_origin
 from quantmatrix.atomic import write_atomic
 from quantmatrix.checkpoints.store import cache_root
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS
@@ -32,8 +31,7 @@ BROKEN_PROPERTIES = (_NOT_TESTED, ("vllm_health", "broken"))
 def _env_key() -> str:
     """This interpreter, its path and every installed distribution's version: a change to any of them is a
     different vLLM under test."""
-    spec = importlib.util.find_spec("vllm")
-    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(spec.origin if spec else None)]
+    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(vllm_origin())]
     parts += sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
