@@ -34,6 +34,11 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/findings.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checks/expected.py": ["tests/test_audit_branches.py", "tests/test_lint_branches.py"],
     "src/quantmatrix/adapter/roles.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/checkpoints/producers/__init__.py": [
+        "tests/test_audit_branches.py", "tests/test_lint_branches.py",
+        *(f"tests/test_factory_plugins.py::{t}" for t in (
+            "test_every_registered_producer_keeps_the_protocol", "test_a_leaf_in_two_roles_is_refused",
+            "test_the_one_name_table_tells_every_leaf_s_role_and_which_leaves_are_quantized"))],
     "src/quantmatrix/checkpoints/lint.py": ["tests/test_lint_branches.py"],
     "src/quantmatrix/report/diff.py": ["tests/test_diff_branches.py"],
     "src/quantmatrix/report/crossarch.py": ["tests/test_crossarch_branches.py"],

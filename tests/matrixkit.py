@@ -22,9 +22,9 @@ modes:
     engine_args: {enforce_eager: true}
     label: no caching allocator
 schemes:
-  - {name: bf16, marker: bf16, label: bf16, expect: {quant_method: none, resolves_to: unquantized}}
-  - {name: nvfp4_weight_only, marker: weight_only, label: W4A16, expect: {resolves_to: weight_only}}
-  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4}}
+  - {name: bf16, marker: bf16, label: bf16, factory: bf16, expect: {quant_method: none, resolves_to: unquantized}}
+  - {name: nvfp4_weight_only, marker: weight_only, label: W4A16, factory: nvfp4_weight_only, expect: {resolves_to: weight_only}}
+  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, factory: nvfp4_w4a4, expect: {resolves_to: w4a4}}
 checks:
   - {name: cpu_probe, kind: dispatch, tier: cpu, description: runs anywhere}
   - {name: gpu_probe, kind: e2e, tier: gpu, schemes: [nvfp4_weight_only], description: needs the arch}
@@ -37,6 +37,21 @@ checkpoints:
     source: {synthetic: {model: qwen3_moe}}
     producer: modelopt
     scheme: nvfp4_w4a4
+"""  # noqa: E501  (one scheme entry per line keeps the line numbers the schema tests name)
+
+# One GB10 arch, an engine check and a config-level one, and a checkpoint that needs two GPUs beside one that
+# needs one: the GPU-count gate's matrix (test_real_matrix, test_runner_plugin).
+GPUS_MATRIX = """\
+version: 1
+archs: [{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}]
+modes: [{name: default, label: d}]
+schemes: [{name: bf16, marker: bf16, label: bf16}]
+checks:
+  - {name: serves, kind: e2e, tier: gpu, vllm: [engine], description: an engine start}
+  - {name: reads_config, kind: lint, tier: gpu, description: one GPU is enough}
+checkpoints:
+  - {id: big, source: {path: ck}, producer: none, scheme: bf16, gpus: 2}
+  - {id: small, source: {path: ck}, producer: none, scheme: bf16}
 """
 
 

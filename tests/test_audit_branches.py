@@ -13,7 +13,8 @@ from matrixkit import case_for
 
 from quantmatrix import properties as P
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
-from quantmatrix.adapter.roles import checkpoint_names, role_of
+from quantmatrix.adapter.roles import checkpoint_names
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.checks import audit, findings
 from quantmatrix.checks.audit import AuditReport, Finding
 from quantmatrix.schema.load import load

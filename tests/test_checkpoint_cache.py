@@ -7,7 +7,7 @@ import json
 import pytest
 from matrixkit import write
 
-from quantmatrix.checkpoints import configs, store
+from quantmatrix.checkpoints import store
 from quantmatrix.errors import CheckpointUnavailable
 from quantmatrix.schema.load import load
 
@@ -43,7 +43,7 @@ def test_a_killed_build_leaves_nothing_a_later_run_trusts(matrix, monkeypatch):
     assert list(root.iterdir()) == []
     monkeypatch.undo()
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(root.parent))
-    final = root / f"{wo.id}-{configs.digest(store.spec_of(wo))[:16]}"
+    final = root / f"{wo.id}-{store.digest(store.spec_of(wo))[:16]}"
     final.mkdir()
     (final / "config.json").write_text("{")  # a leftover without the completion marker
     assert store.materialize(wo) == final

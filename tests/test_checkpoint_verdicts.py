@@ -13,8 +13,11 @@ from matrixkit import case_for
 from safetensors.torch import save_file
 
 from quantmatrix import properties as P
-from quantmatrix.checkpoints import nvfp4
+from quantmatrix.checkpoints import store
 from quantmatrix.checkpoints.lint import Declared, LintReport
+from quantmatrix.checkpoints.producers import compressed_tensors as ct
+from quantmatrix.checkpoints.producers import modelopt
+from quantmatrix.checkpoints.schemes import nvfp4
 from quantmatrix.checks import checkpoint
 from quantmatrix.checks.checkpoint import LOGIT_REL_ERROR_BOUND as REL
 from quantmatrix.checks.checkpoint import TOP1_AGREEMENT_BOUND as TOP1
@@ -61,14 +64,14 @@ def _export(d: Path, producer: str) -> torch.Tensor:
     w = torch.randn(8, 32)
     d.mkdir()
     if producer == "modelopt":
-        scale_2 = nvfp4.modelopt_scale_2(w.abs().amax())
-        q = nvfp4.quantize_modelopt(w, scale_2)
+        scale_2 = modelopt.nvfp4_scale_2(w.abs().amax())
+        q = modelopt.nvfp4_quantize(w, scale_2)
         tensors = {"m.weight": q.packed, "m.weight_scale_2": scale_2, "m.input_scale": torch.tensor(0.5)}
         qc = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
         decode = scale_2
     else:
-        gs = nvfp4.ct_global_scale(w.abs().amax())
-        q = nvfp4.quantize_compressed_tensors(w, gs)
+        gs = ct.nvfp4_global_scale(w.abs().amax())
+        q = ct.nvfp4_quantize(w, gs)
         tensors = {"m.weight_packed": q.packed, "m.weight_global_scale": gs, "m.input_global_scale": gs.clone()}
         qc = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
         decode = 1.0 / gs
@@ -123,7 +126,7 @@ def test_lint_verdict_fails_on_an_unexpected_finding_and_lists_each(matrix):
 
 
 def test_the_bf16_model_of_a_synthetic_checkpoint_is_its_family_base(matrix, monkeypatch):
-    monkeypatch.setattr(checkpoint, "materialize_spec", lambda spec, label: (spec, label))
+    monkeypatch.setattr(store, "materialize_spec", lambda spec, label: (spec, label))
     ck = next(c for c in matrix.checkpoints if c.id == W4A4)
     spec, label = checkpoint.base_dir(ck)
     assert (spec.producer, spec.scheme, spec.model, spec.seed) == ("none", "bf16", "qwen3_moe", 0)

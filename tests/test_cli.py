@@ -45,6 +45,21 @@ def test_detect_without_gpu_says_none(tmp_path, capsys, no_cuda):
     assert "gpu-tier markers this host satisfies: none" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf", ""])
+def test_detect_health_timeout_that_is_not_a_positive_number_is_a_usage_error_naming_the_flag(tmp_path, capsys,
+                                                                                             no_cuda, value):
+    """`detect` takes the plugin's --vllm-health-timeout, with the plugin's validation: exit 2 naming the flag."""
+    assert cli.main(["detect", "--matrix", str(write(tmp_path)), f"--vllm-health-timeout={value}"]) == 2
+    assert (f"quantmatrix detect: error: --vllm-health-timeout needs a positive number of seconds, not '{value}'"
+            in capsys.readouterr().err)
+
+
+def test_detect_has_one_health_timeout_flag(tmp_path, capsys, no_cuda):
+    """The old CLI-only spelling is gone: one flag name for the CLI and the plugin."""
+    assert cli.main(["detect", "--matrix", str(write(tmp_path)), "--health-timeout", "30"]) == 2
+    assert "unrecognized arguments: --health-timeout 30" in capsys.readouterr().err
+
+
 def test_bad_matrix_is_reported_without_traceback(tmp_path, capsys):
     """A broken matrix exits 2 with file:line, as every quantmatrix error does."""
     path = write(tmp_path, "version: 2\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
+from types import SimpleNamespace
 
 import pytest
 from matrixkit import write
@@ -117,8 +117,30 @@ def test_device_identity_records_what_cuda0_is_under_names_the_plugin_does_not_s
     assert v.properties == [(P.PROBED_DEVICE, "NVIDIA GB10"), (P.PROBED_CAPABILITY, "12.1"),
                             (P.RESERVED_AFTER_FREE, 0)]
     host = detect.Host((detect.Device(0, "NVIDIA GB10", (12, 1)),), "--arch")
-    settings = Settings(matrix=matrix, matrix_source="test", host=host, strict_hardware=False,
-                        strict_checkpoints=False, today=datetime.date.today(), runner="runner-1")
-    stamped = {name for name, _ in settings.host_properties()} | P.CELL_PROPERTIES
+    stamped = {name for name, _ in Settings.host_properties(SimpleNamespace(host=host, runner="runner-1"))}
+    stamped |= P.CELL_PROPERTIES
     assert {P.DEVICE_NAME, P.DEVICE_CAPABILITY} <= stamped
     assert not stamped & {name for name, _ in v.properties}
+
+
+@pytest.mark.parametrize(("visible", "seen", "note"), [
+    (None, ["0 A", "1 B", "2 C", "3 D"], ""),
+    ("2,3", ["0 C", "1 D"], ""),
+    ("3,1", ["0 D", "1 B"], ""),
+    ("1,7,2", ["0 B"], ""),  # CUDA stops at the first entry that names no device
+    ("", [], "CUDA_VISIBLE_DEVICES='' hides the 4 nvidia-smi lists"),
+    ("GPU-8c6a1f2e,1", ["0 A", "1 B", "2 C", "3 D"], ""),  # UUIDs: not read here, the list stays whole
+])
+def test_nvidia_smi_devices_are_those_cuda_visible_devices_shows_this_process_with_nvidia_smi_faked(
+        matrix, monkeypatch, no_cuda, visible, seen, note):
+    """nvidia-smi lists the machine; a process pinned with CUDA_VISIBLE_DEVICES (an xdist worker) counts only
+    its own GPUs, numbered as CUDA numbers them."""
+    machine = [detect.Device(i, name, (12, 1)) for i, name in enumerate("ABCD")]
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: machine)
+    if visible is None:
+        monkeypatch.delenv(detect.VISIBLE, raising=False)
+    else:
+        monkeypatch.setenv(detect.VISIBLE, visible)
+    host = detect.detect(matrix)
+    assert ([f"{d.index} {d.name}" for d in host.devices], host.note) == (seen, note)
+    assert host.count(matrix.arch("sm121")) == len(seen)

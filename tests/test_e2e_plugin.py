@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from quantmatrix.engine.protocol import FAULT_ENV
-from quantmatrix.pytest_plugin.e2e import gpu_pin
 
 MATRIX = f"""\
 version: 1
@@ -125,11 +124,3 @@ def test_more_groups_than_workers_each_group_on_one_worker_with_one_start(projec
     assert set(workers) == {f"tiny@sm121-m{i}" for i in range(7)}
     assert all(len(w) == 1 for w in workers.values()), workers
     assert len(set().union(*workers.values())) > 1  # the groups were spread, not all put on one worker
-
-
-@pytest.mark.parametrize(("worker", "visible", "pin"), [
-    ("gw0", ["0", "1"], "0"), ("gw1", ["0", "1"], "1"), ("gw2", ["0", "1"], "0"), ("gw3", ["4", "6", "7"], "4"),
-    (None, ["0", "1"], None), ("gw1", [], None)])
-def test_gpu_pin(worker, visible, pin):
-    """Worker gwN takes visible GPU N modulo their count; no xdist or no GPU, no pin."""
-    assert gpu_pin(worker, visible) == pin

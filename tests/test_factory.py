@@ -14,8 +14,9 @@ import torch
 from safetensors import safe_open
 
 from quantmatrix import cli
-from quantmatrix.checkpoints import base, configs, lint, make, nvfp4, store
+from quantmatrix.checkpoints import base, lint, make, store
 from quantmatrix.checkpoints.base import LAYOUTS, REFERENCE_FILE
+from quantmatrix.checkpoints.schemes import nvfp4
 from quantmatrix.checks import checkpoint as verify
 from quantmatrix.errors import MatrixError, QuantmatrixError
 from quantmatrix.schema.load import load
@@ -229,7 +230,7 @@ MATRIX = textwrap.dedent("""\
     archs: [{name: sm120, capability: "12.0", label: RTX PRO 6000}]
     modes: [{name: eager, label: eager}]
     schemes:
-      - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4, lint: []}}
+      - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, factory: nvfp4_w4a4, expect: {resolves_to: w4a4, lint: []}}
     checks: [{name: checkpoint_lint, kind: lint, tier: cpu, description: lint}]
     checkpoints:
       - id: tiny-w4a4-hole
@@ -287,7 +288,7 @@ def test_cache_is_content_addressed_and_atomic(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "cache" / "checkpoints").iterdir()) == [first.name]
     monkeypatch.undo()
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
-    stale = first.parent / f"x-{configs.digest(other)[:16]}"
+    stale = first.parent / f"x-{store.digest(other)[:16]}"
     stale.mkdir()
     (stale / "config.json").write_text("{}")  # half a checkpoint, no marker
     rebuilt = store.materialize_spec(other, "x")

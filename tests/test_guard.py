@@ -132,6 +132,23 @@ def test_weight_only_passes_on_marlin_and_is_refused_when_forced_onto_w4a4(cache
                 in message)
     assert "backend VLLM_CUTLASS reads tensors that were never loaded" in message
     assert "--moe-backend marlin" in message
+    # what to do follows from the checkpoint's declaration (adapter.declared), not from the method vLLM built
+    assert ("what to do: a weight-only checkpoint routed to W4A4: it declares weight-only (modelopt quant_algo NVFP4, "
+            "group_0 input_activations null) but vLLM built ModelOptNvFp4FusedMoE as W4A4 on backend VLLM_CUTLASS, "
+            "which reads the activation scales it never had; route it to Marlin with `--moe-backend marlin`"
+            in message), message
+    assert "re-export it with calibrated activation scales" not in message
+
+
+def test_a_w4a4_checkpoint_without_input_scales_is_told_to_re_export(cache, monkeypatch):
+    """The same unloaded input_scale as the seed bug, but the checkpoint declares W4A4: the export is what is
+    wrong, so the guard does not blame the routing."""
+    path = _path(cache, "qwen3moe-tiny-nvfp4-w4a4-no-input-scales", monkeypatch)
+    result, _ = _guarded(path, "sm121")
+    assert isinstance(result, plugin.GuardRefusal)
+    assert "what to do: the checkpoint lacks input_scale for these experts: re-export it with calibrated activation " \
+           "scales" in str(result)
+    assert "routed to W4A4" not in str(result)
 
 
 def test_warn_logs_once_with_a_count_and_serves(cache, monkeypatch, caplog):
@@ -296,3 +313,33 @@ def test_a_loader_call_the_guard_cannot_read_never_breaks_loading_but_fails_the_
     with pytest.raises(plugin.GuardFailed, match=r"judging the loaded model failed \(AdapterMismatch: \d+ "
                                                   r"weight_loader call\(s\) could not be read"):
         _guarded(path, "sm121")
+
+
+def test_wrapping_a_loader_and_undoing_it_gives_each_parameter_back_what_it_had():
+    """adapter.loaders.wrap_weight_loader: a parameter with its own weight_loader gets it back; one without gets
+    vLLM's default loader wrapped, and afterwards has no weight_loader again (vLLM then falls back as before)."""
+    import torch
+
+    from quantmatrix.adapter import loaders
+
+    def own(param, loaded):
+        param.data.copy_(loaded)
+
+    with_own, without = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    with_own.weight_loader = own
+    seen = []
+
+    def wrap(loader):
+        def wrapped(*args):
+            seen.append(loader)
+            return loader(*args)
+        return wrapped
+
+    undo = [loaders.wrap_weight_loader(p, wrap) for p in (with_own, without)]
+    with_own.weight_loader(with_own, torch.ones(2))
+    without.weight_loader(without, torch.full((2,), 3.0))
+    assert seen == [own, loaders.default_weight_loader()]
+    assert with_own.tolist() == [1.0, 1.0] and without.tolist() == [3.0, 3.0]
+    for u in undo:
+        u()
+    assert with_own.weight_loader is own and not hasattr(without, "weight_loader")

@@ -3,6 +3,7 @@ right names) when the weight-only fix is reverted or an expert's input_scale is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,9 @@ def test_weight_only_under_marlin_records_input_scale_as_unread_not_failed(tmp_p
     path = store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-weight-only"))
     build = layers.build(path, DEFAULT.arch("gb10").capability, every_layer=True)
     assert build.layer.backend == "MARLIN"
+    # the width the block takes: the checkpoint's hidden_size (the observed-reads measurement feeds it that wide)
+    hidden = json.loads((path / "config.json").read_text())["hidden_size"]
+    assert [layer.hidden_size for layer in build.layers] == [hidden, hidden] and hidden == 64
     backend = DEFAULT.moe_backends["MARLIN"]
     report = sentinel.audit(build.layers, sentinel.checkpoint_tensors(path), backend.reads, backend.single_input_scale)
     assert audit.problem_of(report, "x", True) is None

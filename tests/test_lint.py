@@ -140,7 +140,7 @@ version: 1
 archs: [{name: sm121, capability: "12.1", label: GB10}]
 modes: [{name: eager, label: eager}]
 schemes:
-  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, expect: {resolves_to: w4a4, lint: []}}
+  - {name: nvfp4_w4a4, marker: w4a4, label: W4A4, factory: nvfp4_w4a4, expect: {resolves_to: w4a4, lint: []}}
 checks:
   - {name: checkpoint_lint, kind: lint, tier: cpu, description: lint}
   - {name: hf_reference, kind: reference, tier: cpu, description: deselected here}

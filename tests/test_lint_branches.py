@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from quantmatrix.checkpoints import lint
+from quantmatrix.checkpoints import lint, producers
 from quantmatrix.checkpoints.lint import Declared, Finding, LintError, LintReport
 from quantmatrix.checks.checkpoint import lint_problem
 from quantmatrix.schema.model import TensorFinding
@@ -28,12 +28,12 @@ CT = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
 def _module(prefix: str, *, producer: str = "modelopt", inputs: bool = True, scale_2: float = 0.5,
             input_scale: float = 0.25) -> dict[str, torch.Tensor]:
     """One NVFP4 Linear of 4 outputs x 32 inputs, as the producer names it."""
-    names = lint.LEAVES[producer]
+    names = producers.leaves(producer, lint.SCHEME)
     out = {f"{prefix}.{names['weight']}": torch.full((4, 16), 0x21, dtype=torch.uint8),
-           f"{prefix}.weight_scale": torch.ones(4, 2).to(torch.float8_e4m3fn),
-           f"{prefix}.{names['scale_2']}": torch.tensor(scale_2)}
+           f"{prefix}.{names['block_scale']}": torch.ones(4, 2).to(torch.float8_e4m3fn),
+           f"{prefix}.{names['global_scale']}": torch.tensor(scale_2)}
     if inputs:
-        out[f"{prefix}.{names['input']}"] = torch.tensor(input_scale)
+        out[f"{prefix}.{names['input_scale']}"] = torch.tensor(input_scale)
     return out
 
 
@@ -61,7 +61,9 @@ def _findings(d: Path) -> list[str]:
     ({**NVFP4, "config_groups": {"g": {}}}, "weight_only", "config.json quant_algo NVFP4, g input_activations missing"),
     ({**NVFP4, "config_groups": {"g": {"input_activations": {}}}}, "w4a4",
      "config.json quant_algo NVFP4, g input_activations empty"),
-    ({**NVFP4, "config_groups": {"g": 3}}, "weight_only", "config.json quant_algo NVFP4, g input_activations missing"),
+    # vLLM's promotion asks `isinstance(group, dict) and group.get("input_activations") is None`: a group that is not
+    # a mapping says nothing, so the checkpoint stays W4A4 (this lint once read it as a missing key: weight-only)
+    ({**NVFP4, "config_groups": {"g": 3}}, "w4a4", "config.json quant_algo NVFP4, g input_activations not-a-mapping"),
     ({**NVFP4, "config_groups": {}}, "w4a4", "config.json quant_algo NVFP4, config_groups empty"),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "w4a4",
      "config.json quant_algo NVFP4, config_groups missing"),
@@ -70,7 +72,21 @@ def _findings(d: Path) -> list[str]:
     ({**CT, "config_groups": {"g": {"input_activations": {}}}}, "weight_only",
      "config.json format nvfp4-pack-quantized, g input_activations empty"),
     (CT, "w4a4", "config.json format nvfp4-pack-quantized, g input_activations quantized"),
-    ({**CT, "config_groups": []}, "weight_only", "config.json format nvfp4-pack-quantized, config_groups empty"),
+    # compressed-tensors with no group quantizes no Linear (vLLM gives each UnquantizedLinearMethod)
+    ({**CT, "config_groups": {}}, "unquantized", "config.json format nvfp4-pack-quantized, config_groups empty"),
+    ({k: v for k, v in CT.items() if k != "config_groups"}, "unquantized",
+     "config.json format nvfp4-pack-quantized, config_groups missing"),
+    ({**CT, "config_groups": []}, "unquantized", "config.json format nvfp4-pack-quantized, config_groups is a list"),
+    # what vLLM normalises: the method's case and spelling, the algo's case
+    ({**WEIGHT_ONLY, "quant_method": "ModelOpt", "quant_algo": "nvfp4"}, "weight_only",
+     "config.json quant_algo NVFP4, g input_activations null"),
+    ({**CT, "quant_method": "compressed_tensors"}, "w4a4",
+     "config.json format nvfp4-pack-quantized, g input_activations quantized"),
+    # compressed-tensors asks whether input_activations is truthy; ModelOpt whether it is None
+    ({**CT, "config_groups": {"g": {"input_activations": ""}}}, "weight_only",
+     "config.json format nvfp4-pack-quantized, g input_activations unexpected str"),
+    ({**NVFP4, "config_groups": {"g": {"input_activations": ""}}}, "w4a4",
+     "config.json quant_algo NVFP4, g input_activations unexpected str"),
 ])
 def test_declared_scheme_as_vllm_reads_it(tmp_path, qc, scheme, why):
     d, findings = lint.declared(_write(tmp_path, qc, {}))
@@ -112,9 +128,11 @@ def test_groups_that_disagree_are_a_config_finding(tmp_path):
 
 
 def test_config_groups_that_are_not_a_mapping_declare_no_group(tmp_path):
+    """No group to read (vLLM 0.32 itself crashes on a list here: tests/test_declared_vllm.py): nothing is declared
+    quantized, so every NVFP4 tensor is a finding."""
     d, findings = lint.declared(_write(tmp_path, {**CT, "config_groups": [1]}, {}))
-    assert (d.scheme, d.why, findings) == ("weight_only", "config.json format nvfp4-pack-quantized, config_groups "
-                                                          "empty", [])
+    assert (d.scheme, d.why, findings) == ("unquantized", "config.json format nvfp4-pack-quantized, config_groups "
+                                                          "is a list", [])
 
 
 @pytest.mark.parametrize(("qc", "legacy", "error"), [

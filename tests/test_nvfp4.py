@@ -1,6 +1,6 @@
-"""quantmatrix.nvfp4 against the code it imitates, bit for bit: vLLM's reference helpers
-(nvfp4_emulation_utils) and the compressed-tensors package; ModelOpt's recipe against its documented
-conventions and against vLLM where the arithmetic is exact."""
+"""The NVFP4 numerics (checkpoints.schemes.nvfp4, each producer's recipe) against the code they imitate, bit for
+bit: vLLM's reference helpers (nvfp4_emulation_utils) and the compressed-tensors package; ModelOpt's recipe against
+its documented conventions and against vLLM where the arithmetic is exact."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import os
 
 import pytest
 import torch
+from ci_rule import run_copy
 
-from quantmatrix.checkpoints import nvfp4
+from quantmatrix.checkpoints.producers import compressed_tensors as ct
+from quantmatrix.checkpoints.producers import modelopt
+from quantmatrix.checkpoints.schemes import nvfp4
 
 try:
     from vllm.model_executor.layers.quantization.utils import nvfp4_emulation_utils as emu
@@ -81,7 +84,7 @@ def test_vllm_recipe_matches_ref_nvfp4_quant(name):
     """quantize_vllm gives ref_nvfp4_quant's block scales and e2m1 values bit for bit, on random bf16 and on
     zeros, max magnitude, subnormal block scales, ties and negative zeros."""
     x = edge_inputs() if name == "edges" else random_inputs(int(name[-1]))
-    gs = nvfp4.ct_global_scale(x.abs().amax().float()) if name != "edges" else torch.tensor([1.0])
+    gs = ct.nvfp4_global_scale(x.abs().amax().float()) if name != "edges" else torch.tensor([1.0])
     q = nvfp4.quantize_vllm(x, gs)
     ref_values, ref_scale = emu.ref_nvfp4_quant(x, gs, nvfp4.BLOCK)
     assert torch.equal(bits(q.scale.float()), bits(ref_scale))
@@ -95,8 +98,8 @@ def test_dequantize_matches_dequantize_to_dtype(dtype):
     """dequantize equals vLLM's dequantize_to_dtype(swizzle=False) for one tensor and for stacked experts."""
     w = torch.stack([random_inputs(s, 64, 64) for s in range(3)])
     amax = w.abs().amax(dim=(1, 2)).float()
-    scale_2 = torch.stack([nvfp4.modelopt_scale_2(a) for a in amax])
-    qs = [nvfp4.quantize_modelopt(w[e], scale_2[e]) for e in range(3)]
+    scale_2 = torch.stack([modelopt.nvfp4_scale_2(a) for a in amax])
+    qs = [modelopt.nvfp4_quantize(w[e], scale_2[e]) for e in range(3)]
     packed = torch.stack([q.packed for q in qs])
     scale = torch.stack([q.scale for q in qs])
     one = nvfp4.dequantize(packed[0], scale[0], scale_2[0], dtype)
@@ -123,13 +126,13 @@ def _compressed_tensors_export(w: torch.Tensor) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["random0", "random1", "random2", "edges"])
 def test_compressed_tensors_recipe_matches_the_package(name):
-    """quantize_compressed_tensors and ct_global_scale write the bytes compressed-tensors writes: packed
-    weights, E4M3 block scales and the (bf16-rounded) weight_global_scale."""
+    """compressed-tensors' recipe (nvfp4_quantize, nvfp4_global_scale) writes the bytes the package writes:
+    packed weights, E4M3 block scales and the (bf16-rounded) weight_global_scale."""
     w = edge_inputs()[:, :64] if name == "edges" else random_inputs(int(name[-1]))
     with torch.compiler.set_stance("force_eager"):  # the package torch.compiles cast_to_fp4: 30 s on CPU
         theirs = _compressed_tensors_export(w)
-    gs = nvfp4.ct_global_scale(w.abs().amax())
-    ours = nvfp4.quantize_compressed_tensors(w, gs)
+    gs = ct.nvfp4_global_scale(w.abs().amax())
+    ours = ct.nvfp4_quantize(w, gs)
     assert torch.equal(bits(gs), bits(theirs["weight_global_scale"]))
     assert torch.equal(ours.packed, theirs["weight_packed"])
     assert torch.equal(bits(ours.scale), bits(theirs["weight_scale"]))
@@ -141,12 +144,12 @@ def test_modelopt_recipe_conventions():
     w = torch.zeros(1, 48, dtype=torch.bfloat16)
     w[0, 16:32] = 2688.0
     w[0, 32] = 1e-6
-    scale_2 = nvfp4.modelopt_scale_2(w.abs().amax())
+    scale_2 = modelopt.nvfp4_scale_2(w.abs().amax())
     assert scale_2.item() == 1.0 and scale_2.dtype == torch.float32 and scale_2.shape == ()
-    q = nvfp4.quantize_modelopt(w, scale_2)
+    q = modelopt.nvfp4_quantize(w, scale_2)
     assert q.scale.float().tolist() == [[1.0, 448.0, 2.0**-9]]
     ties = torch.tensor([[1.75, 2.5, 0.75, 0.25, 3.5, 5.0, -1.75, 6.0] * 2], dtype=torch.bfloat16)
-    q = nvfp4.quantize_modelopt(ties, torch.tensor(1.0))  # block amax 6: block scale exactly 1.0
+    q = modelopt.nvfp4_quantize(ties, torch.tensor(1.0))  # block amax 6: block scale exactly 1.0
     assert q.scale.float().item() == 1.0
     assert nvfp4.dequantize(q.packed, q.scale, torch.tensor(1.0), torch.float32)[0, :8].tolist() == [
         2.0, 2.0, 1.0, 0.0, 4.0, 4.0, -2.0, 6.0]
@@ -161,7 +164,7 @@ def test_modelopt_recipe_equals_vllm_where_the_arithmetic_is_exact():
     block = torch.tensor([0.5, 1.0, 2.0, 0.25]).repeat(16, 1)
     x = (nvfp4.e2m1_values(codes).reshape(16, 4, 16) * block.unsqueeze(-1)).reshape(16, 64).to(torch.bfloat16)
     scale_2 = torch.tensor(0.5)
-    mo = nvfp4.quantize_modelopt(x, scale_2)
+    mo = modelopt.nvfp4_quantize(x, scale_2)
     vl = nvfp4.quantize_vllm(x, 1 / scale_2.reshape(1))
     assert torch.equal(mo.packed, vl.packed) and torch.equal(bits(mo.scale), bits(vl.scale))
     assert torch.equal(nvfp4.dequantize(mo.packed, mo.scale, scale_2, torch.bfloat16), x)
@@ -170,7 +173,7 @@ def test_modelopt_recipe_equals_vllm_where_the_arithmetic_is_exact():
 def test_input_dimension_must_be_a_block_multiple():
     """A row that is not a whole number of 16-blocks is refused with the shape in the message."""
     with pytest.raises(ValueError, match=r"multiple of 16.*\(4, 24\)"):
-        nvfp4.quantize_modelopt(torch.ones(4, 24), torch.tensor(1.0))
+        modelopt.nvfp4_quantize(torch.ones(4, 24), torch.tensor(1.0))
 
 
 @pytest.mark.parametrize("ci", ["1", ""], ids=["under-CI", "local"])
@@ -183,13 +186,5 @@ def test_missing_reference_helpers_fail_under_ci_and_skip_only_locally(pytester,
 
     monkeypatch.setitem(sys.modules, emu.__name__, None)
     monkeypatch.delattr(utils, "nvfp4_emulation_utils")
-    monkeypatch.setenv("CI", ci)
-    pytester.makepyfile(test_copy=open(__file__).read())
-    result = pytester.runpytest("test_copy.py", "-p", "no:quantmatrix", "-p", "no:quantmatrix_e2e", "-rs",
-                                "-k", "not missing_reference_helpers")
-    if ci:
-        assert result.ret == pytest.ExitCode.INTERRUPTED
-        result.stdout.fnmatch_lines(["*ImportError: vLLM's NVFP4 reference helpers are gone*"])
-    else:
-        result.assert_outcomes(skipped=1)
-        result.stdout.fnmatch_lines(["*vLLM's NVFP4 reference helpers are not importable here*"])
+    run_copy(pytester, monkeypatch, open(__file__).read(), ci, "missing_reference_helpers",
+             "vLLM's NVFP4 reference helpers are gone", "vLLM's NVFP4 reference helpers are not importable here")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+import junitparser
 import pytest
 from matrixkit import SMALL, gpu_less_suite
 
@@ -171,3 +172,84 @@ def test_cases_carry_their_cell_and_host_as_junit_properties(suite, workers):
         assert props["arch"] == "sm121" and props["check"] == "cpu_probe" and props["tier"] == "cpu"
         assert props["cell"] == props["seen"] == f"{props['checkpoint']}@sm121-{props['mode']}"
         assert {"vllm_version", "torch_version", "platform", "runner", "scheme", "producer"} <= set(props)
+
+
+HOST_CONFTEST = """
+from quantmatrix.host.detect import Device, Host
+
+def pytest_quantmatrix_host(config, matrix, arch):
+    {body}
+"""
+
+
+def test_a_runners_conftest_answers_host_detection_through_the_hook_with_cuda_queries_faked(suite):
+    """A runner's conftest.py that implements pytest_quantmatrix_host replaces detection (here a GB10 it names
+    itself, where the faked queries find none): its sm121 gpu cases run, the others skip naming its answer. The
+    conftest is docs/runners.md's: an explicit --arch still goes to the chain."""
+    suite.makeconftest(HOST_CONFTEST.format(
+        body='if arch:\n        return None\n'
+             '    return Host((Device(0, "NVIDIA GB10", matrix.arch("gb10").capability),), "runner conftest")'))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "-rs")
+    result.assert_outcomes(passed=2, skipped=4)
+    result.stdout.fnmatch_lines([
+        "quantmatrix: host cuda:0 NVIDIA GB10 [[]sm121 (GB10 / DGX Spark)[]] (via runner conftest)*",
+        "*needs sm120 (RTX PRO 6000); this host: cuda:0 NVIDIA GB10 [[]sm121 (GB10 / DGX Spark)[]] "
+        "(via runner conftest)*"])
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--arch", "rtx_pro_6000", "-v")
+    result.assert_outcomes(passed=2, skipped=4)
+    assert all("@sm120-" in line for line in result.outlines if "PASSED" in line)
+
+
+def test_a_conftest_that_answers_none_leaves_detection_to_the_chain_with_cuda_queries_faked(suite):
+    """None from the hook is no answer: --arch, QUANTMATRIX_ARCH, nvidia-smi and torch.cuda still decide."""
+    suite.makeconftest(HOST_CONFTEST.format(body="return None"))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "-rs")
+    result.assert_outcomes(skipped=6)
+    result.stdout.fnmatch_lines(["*needs sm121 (GB10 / DGX Spark); this host: no CUDA device (faked: no CUDA)*"])
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--arch", "gb10")
+    result.assert_outcomes(passed=2, skipped=4)
+
+
+def test_a_conftest_that_answers_something_else_is_a_usage_error(suite):
+    suite.makeconftest(HOST_CONFTEST.format(body='return "sm121"'))
+    result = suite.runpytest("--matrix", "m.yaml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*pytest_quantmatrix_host answered 'sm121', not a quantmatrix.host.detect.Host*"])
+
+
+def _waived(expires: datetime.date) -> str:
+    """SMALL with a waiver of every check of tiny-wo on gb10."""
+    return SMALL + ("waivers:\n  - match: {checkpoint: tiny-wo, arch: gb10}\n    reason: known GB10 zero-expert bug\n"
+                    f"    link: https://example.invalid/issue/1\n    expires: {expires}\n")
+
+
+def test_the_gates_answer_in_order_expired_waiver_before_absent_gpu(suite):
+    """A gpu case whose waiver expired, on a host without its GPU under --strict-hardware: the expired waiver
+    is what the case says (the earlier gate), the other gpu cases the missing GPU."""
+    suite.makefile(".yaml", m=_waived(datetime.date.today() - datetime.timedelta(days=1)))
+    result = suite.runpytest("--matrix", "m.yaml", "-m", "gpu", "--strict-hardware", "--junitxml=out.xml")
+    result.assert_outcomes(errors=6)
+    messages = {c.name: c.result[0].message for c in _cases(suite.path / "out.xml")}
+    waiver = {name for name, m in messages.items() if "waiver expired on" in m}
+    assert waiver == {"test_gpu_probe[tiny-wo@sm121-default]", "test_gpu_probe[tiny-wo@sm121-nocache]"}
+    assert not any("--strict-hardware" in messages[name] for name in waiver)
+    assert all("--strict-hardware: needs " in m for name, m in messages.items() if name not in waiver)
+
+
+def _cases(path):
+    return [c for s in junitparser.JUnitXml.fromfile(str(path)) for c in s]
+
+
+def test_a_passed_time_limit_comes_before_every_other_gate_and_the_case_keeps_its_cell(suite):
+    """Past the time limit nothing else is asked: an expired waiver or a missing GPU are "not run" like the rest
+    (no failure invented by a case that never started), and each case still carries its cell in JUnit."""
+    suite.makefile(".yaml", m=_waived(datetime.date.today() - datetime.timedelta(days=1)))
+    result = suite.runpytest("--matrix", "m.yaml", "--strict-hardware", "--time-limit", "0.000001",
+                             "--junitxml=out.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(skipped=18)
+    cases = _cases(suite.path / "out.xml")
+    assert len(cases) == 18
+    for c in cases:
+        assert c.result[0].message.startswith("not run: the time limit of 1e-06 s for this run (--time-limit)")
+        props = {p.name: p.value for block in c.iterchildren(junitparser.Properties) for p in block}
+        assert props["cell"] in c.name

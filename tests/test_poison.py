@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quantmatrix.adapter import engine as adapter
-from quantmatrix.adapter.roles import role_of
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.checks import e2e as verdicts
 from quantmatrix.engine import poison
 from quantmatrix.engine import runner as engine

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from matrixkit import SMALL, write
+from matrixkit import GPUS_MATRIX, SMALL, write
 
 from quantmatrix import cli
 from quantmatrix.errors import MatrixError
@@ -199,20 +199,6 @@ def test_engine_args_layer_platform_arch_checkpoint_mode_and_gpus_set_tensor_par
     one = next(c for c in real.cells() if c.checkpoint.gpus == 1 and c.arch.name == "sm120")
     assert "tensor_parallel_size" not in engine_args(real.e2e, one, "cuda")
     assert engine_args(real.e2e, one, "cuda")["gpu_memory_utilization"] == 0.85
-
-
-GPUS_MATRIX = """\
-version: 1
-archs: [{name: sm121, capability: "12.1", aliases: [gb10], label: GB10}]
-modes: [{name: default, label: d}]
-schemes: [{name: bf16, marker: bf16, label: bf16}]
-checks:
-  - {name: serves, kind: e2e, tier: gpu, vllm: [engine], description: an engine start}
-  - {name: reads_config, kind: lint, tier: gpu, description: one GPU is enough}
-checkpoints:
-  - {id: big, source: {path: ck}, producer: none, scheme: bf16, gpus: 2}
-  - {id: small, source: {path: ck}, producer: none, scheme: bf16}
-"""
 
 
 def test_a_multi_gpu_checkpoint_skips_its_engine_checks_on_a_one_gpu_host_declared(pytester):

@@ -5,13 +5,15 @@ GPU list is given through CUDA_VISIBLE_DEVICES, as the runner's environment woul
 
 from __future__ import annotations
 
+import os
 from xml.etree import ElementTree as ET
 
 import pytest
-from matrixkit import gpu_less_suite
+from matrixkit import GPUS_MATRIX, gpu_less_suite
 
 from quantmatrix import properties as P
 from quantmatrix.adapter import versions
+from quantmatrix.errors import OptionError
 from quantmatrix.pytest_plugin.runner import worker_gpus
 
 SUITE = """
@@ -109,14 +111,87 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpus(suite, monkeypatch):
 
 def test_a_worker_without_gpus_of_its_own_is_a_usage_error():
     assert worker_gpus("gw1", 2, ["0", "1", "2", "3"]) == ["2", "3"]
-    with pytest.raises(pytest.UsageError, match=r"worker gw2 has no 2 GPUs of its own \(4 visible: 0,1,2,3\); "
-                                                r"run with -n 2"):
+    with pytest.raises(OptionError, match=r"worker gw2 has no 2 GPUs of its own \(4 visible: 0,1,2,3\); "
+                                          r"run with -n 2"):
         worker_gpus("gw2", 2, ["0", "1", "2", "3"])
 
 
+def test_a_worker_without_gpus_of_its_own_stops_the_run_naming_the_flag(suite, monkeypatch):
+    """Two visible GPUs, two workers of two GPUs each: the controller finds that the second worker would have
+    none of its own and stops with one usage error, before any worker starts."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    result = suite.runpytest_subprocess("--matrix", "m.yaml", "-k", "cpu_probe", "-n", "2",
+                                        "--gpus-per-worker", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--gpus-per-worker 2: worker gw1 has no 2 GPUs of its own (2 visible: 4,5); "
+                                 "run with -n 1*"])
+
+
+@pytest.mark.parametrize(("worker", "visible", "pin"), [
+    ("gw0", ["0", "1"], "0"), ("gw1", ["0", "1"], "1"), ("gw2", ["0", "1"], "0"), ("gw3", ["4", "6", "7"], "4"),
+    (None, ["0", "1"], None), ("gw1", [], None)])
+def test_gpu_pin(worker, visible, pin):
+    """Without --gpus-per-worker, worker gwN takes visible GPU N modulo their count; no xdist or no GPU, no pin.
+    (Moved from test_e2e_plugin: the one pinning is pytest_plugin.runner's.)"""
+    assert worker_gpus(worker, None, visible) == (None if pin is None else [pin])
+
+
+@pytest.mark.parametrize("worker", ["main", "gw", "gwx1", "1"])
+def test_a_worker_id_that_is_not_gw_and_a_number_is_named(worker):
+    with pytest.raises(OptionError, match=f"cannot read an xdist worker number from '{worker}'"):
+        worker_gpus(worker, None, ["0"])
+
+
 @pytest.mark.parametrize("flag", ["--time-limit", "--vllm-health-timeout"])
-@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan"])
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf", ""])
 def test_a_time_option_that_is_not_a_positive_number_is_a_usage_error_naming_its_flag(suite, flag, value):
     result = suite.runpytest("--matrix", "m.yaml", f"{flag}={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{flag} needs a positive number of seconds, not '{value}'*"])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", ""])
+def test_gpus_per_worker_that_is_not_a_whole_number_is_a_usage_error_naming_the_flag(suite, value):
+    result = suite.runpytest("--matrix", "m.yaml", f"--gpus-per-worker={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--gpus-per-worker needs a whole number of GPUs >= 1, not '{value}'*"])
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_a_blank_arch_is_a_usage_error_naming_the_flag(suite, value):
+    result = suite.runpytest("--matrix", "m.yaml", f"--arch={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--arch needs a name from the matrix, e.g. --arch sm120 or --arch gb10*"])
+
+
+FOUR_GB10 = "#!/bin/sh\nfor i in 0 1 2 3; do echo \"$i, NVIDIA GB10, 12.1\"; done\n"
+
+
+@pytest.mark.parametrize(("per_worker", "visible", "skipped"), [
+    ([], {"0", "1", "2", "3"}, {"test_serves[big@sm121-default]"}),
+    (["--gpus-per-worker", "2"], {"0,1", "2,3"}, set()),
+], ids=["one-each", "two-each"])
+def test_a_pinned_worker_counts_only_its_own_gpus_with_nvidia_smi_faked(pytester, monkeypatch, per_worker, visible,
+                                                                        skipped):
+    """A host of four GB10s (a fake nvidia-smi on PATH, which lists the whole machine): each xdist worker is
+    pinned to its own GPUs and detection counts only those, so a checkpoint needing more GPUs than a worker holds
+    skips its engine check, naming both counts, instead of starting an engine that cannot fit."""
+    bin_dir = pytester.path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FOUR_GB10)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
+    (pytester.path / "ck").mkdir()
+    pytester.makefile(".yaml", m=GPUS_MATRIX)
+    record = "    record_property('visible', os.environ['CUDA_VISIBLE_DEVICES'])\n"
+    pytester.makepyfile(test_serves=f"import os\n\n\ndef test_serves(case, record_property):\n{record}\n\n"
+                                    f"def test_reads_config(case, record_property):\n{record}")
+    result = pytester.runpytest_subprocess("--matrix", "m.yaml", "-n", "2", *per_worker, "-p", "no:cacheprovider",
+                                           "--junitxml", "j.xml", "-o", "junit_family=xunit1")
+    result.assert_outcomes(passed=4 - len(skipped), skipped=len(skipped))
+    _, cases = _junit(pytester.path / "j.xml")
+    assert {name for name, _, why in cases if why} == skipped
+    assert {props["visible"] for _, props, why in cases if why is None} <= visible
+    assert all(why == "big needs 2 GPUs of sm121 (GB10); this host has 1" for _, _, why in cases if why)

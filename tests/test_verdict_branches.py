@@ -127,7 +127,7 @@ def test_config_weight_only_resolved_to_w4a4_names_the_seed_bug(matrix, ck_dir):
 
 
 def test_config_wrong_quant_method_fails(matrix, ck_dir):
-    got = dataclasses.replace(WO_RES, quant_method="compressed-tensors")
+    got = dataclasses.replace(WO_RES, method="compressed-tensors")
     assert _config(matrix, WO, ck_dir, got).startswith(
         "checkpoint claimed by vLLM quantization method 'compressed-tensors', expected 'modelopt_fp4'")
 

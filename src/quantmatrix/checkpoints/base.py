@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 
-from quantmatrix.checkpoints.configs import config_files
+from quantmatrix.checkpoints.configs import plain_files
 from quantmatrix.errors import QuantmatrixError
-from quantmatrix.schema.synthetic import SyntheticSpec
 
 REFERENCE_FILE = "quantmatrix-reference.json"
 GREEDY_TOKENS = 8
@@ -323,7 +322,7 @@ def base(model: str, size: str, seed: int) -> Base:
     """The family's bf16 model, built once per process: a family's variants share it."""
     import transformers
 
-    files = config_files(SyntheticSpec(producer="none", scheme="bf16", model=model, size=size))
+    files = plain_files(model, size)
     config = files["config.json"]
     d = dims(config)
     with one_thread():

@@ -18,19 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, Declaration, declare
+from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
 
-__all__ = ["LEAVES", "NVFP4_LEAVES", "LintError", "LintReport", "declared", "lint"]
+__all__ = ["SCHEME", "LintError", "LintReport", "declared", "lint"]
 MAX_EXPERTS = 65536  # a config claiming more is refused, not expanded into a finding per expert
 EXPERT_FINDINGS = 16  # missing experts of one projection listed one by one; beyond that, summarised
-
-LEAVES = {
-    "modelopt": {"weight": "weight", "scale_2": "weight_scale_2", "input": "input_scale"},
-    "compressed-tensors": {"weight": "weight_packed", "scale_2": "weight_global_scale",
-                           "input": "input_global_scale"},
-}
-NVFP4_LEAVES = {"weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
-                 "input_global_scale"}
+SCHEME = "nvfp4"  # the scheme module whose tensors this lint knows: each producer's names for it (producers.leaves)
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 _EXPERT = re.compile(r"\.layers\.(\d+)\..*\.experts\.(\d+)\.")
@@ -144,13 +139,6 @@ def scalar(t: Tensor) -> float:
 # -------------------------------------------------------------------------------------- declaration
 
 
-def _activations(group: Any) -> str:
-    if not isinstance(group, dict) or "input_activations" not in group:
-        return "missing"
-    acts = group["input_activations"]
-    return "null" if acts is None else ("empty" if acts == {} else "quantized")
-
-
 def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
     """The config's ignore list: strings only, and every `re:` pattern one that cannot backtrack for hours."""
     if value is None:
@@ -163,59 +151,58 @@ def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
+    """hf_quant_config.json, read when config.json has no quantization_config (ModelOpt before 0.31)."""
+    legacy = path / "hf_quant_config.json"
+    qc = json_object(legacy, "hf_quant_config.json")
+    inner = qc.get("quantization", {})
+    if not isinstance(inner, dict):
+        raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
+    d = declare(qc, legacy=True)
+    if d.scheme is None:
+        raise LintError(f"{legacy}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
+    shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
+    return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
+                    _ignore_list(inner.get("exclude_modules"), legacy)), _disagreement(d)
+
+
+def _disagreement(d: Declaration) -> list[Finding]:
+    """Config groups that differ on the question the producer's rule asks, as vLLM then runs them."""
+    if not d.disagree:
+        return []
+    if d.producer == "modelopt" and d.algo == "NVFP4":
+        why = "vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4"
+    elif d.producer == "compressed-tensors":
+        why = "this lint checks every module against W4A4"
+    else:
+        return []
+    return [Finding("config", "config.json", "", f"config_groups disagree ({d.groups_text()}); {why}")]
+
+
 def declared(path: Path) -> tuple[Declared, list[Finding]]:
-    """The config's scheme, read as vLLM reads it, plus config-level findings."""
+    """The config's scheme, read as vLLM reads it (adapter.declared), plus config-level findings."""
     cfg = json_object(path / "config.json", "config.json")
     qc = cfg.get("quantization_config")
     if qc is not None and not isinstance(qc, dict):
         raise LintError(f"{path}/config.json: quantization_config is {type(qc).__name__}, not an object")
-    legacy = path / "hf_quant_config.json"
-    findings: list[Finding] = []
-    if qc is None and legacy.is_file():
-        inner = json_object(legacy, "hf_quant_config.json").get("quantization", {})
-        if not isinstance(inner, dict):
-            raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
-        algo = inner.get("quant_algo")
-        ignore = _ignore_list(inner.get("exclude_modules"), legacy)
-        scheme = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}.get(algo)
-        if scheme is None:
-            raise LintError(f"{legacy}: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
-        return Declared("modelopt", scheme, f"hf_quant_config.json quant_algo {algo}, no config_groups",
-                        ignore), findings
+    if qc is None and (path / "hf_quant_config.json").is_file():
+        return _legacy(path)
     if qc is None:
-        return Declared("none", "unquantized", "config.json has no quantization_config", ()), findings
-    method = qc.get("quant_method")
-    groups = qc.get("config_groups") or {}
-    acts = {name: _activations(g) for name, g in groups.items()} if isinstance(groups, dict) else {}
-    shape = ", ".join(f"{n} input_activations {a}" for n, a in acts.items()) or (
-        "config_groups empty" if "config_groups" in qc else "config_groups missing")
-    if method == "modelopt":
-        algo = qc.get("quant_algo")
-        ignore = _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), path / "config.json")
-        if algo == "W4A16_NVFP4":
-            scheme = "weight_only"
-        elif algo == "NVFP4":
-            none = [a in ("null", "missing") for a in acts.values()]
-            scheme = "weight_only" if none and all(none) else "w4a4"
-            if any(none) and not all(none):
-                findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); "
-                                        "vLLM promotes to weight-only only when every group says None, so "
-                                        "it runs all of them W4A4"))
-        else:
-            raise LintError(f"{path}/config.json: quant_algo {algo!r} is not NVFP4; this lint knows NVFP4 only")
-        return Declared("modelopt", scheme, f"config.json quant_algo {algo}, {shape}", ignore), findings
-    if method == "compressed-tensors":
-        fmt = qc.get("format")
-        if fmt != "nvfp4-pack-quantized":
-            raise LintError(f"{path}/config.json: compressed-tensors format {fmt!r} is not nvfp4-pack-quantized")
-        quantized = [a == "quantized" for a in acts.values()]
-        if any(quantized) and not all(quantized):
-            findings.append(Finding("config", "config.json", "", f"config_groups disagree ({shape}); this lint "
-                                    "checks every module against W4A4"))
-        scheme = "w4a4" if any(quantized) else "weight_only"
-        return Declared("compressed-tensors", scheme, f"config.json format {fmt}, {shape}",
-                        _ignore_list(qc.get("ignore"), path / "config.json")), findings
-    raise LintError(f"{path}/config.json: quant_method {method!r} is neither modelopt nor compressed-tensors")
+        return Declared("none", "unquantized", "config.json has no quantization_config", ()), []
+    d = declare(qc)
+    where = path / "config.json"
+    if d.producer == "modelopt":
+        if d.scheme is None:
+            raise LintError(f"{where}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
+        return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
+                        _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
+    if d.producer == "compressed-tensors":
+        if d.scheme is None:
+            raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
+                            f"{CT_NVFP4_FORMAT}")
+        return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
+                        _ignore_list(qc.get("ignore"), where)), _disagreement(d)
+    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors")
 
 
 def ignored(module: str, patterns: Iterable[str]) -> bool:
@@ -237,31 +224,33 @@ def _scheme_words(d: Declared) -> str:
 
 
 def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
-    names = LEAVES[d.producer]
+    names = producers.leaves(d.producer, SCHEME)
+    scale, scale_2, inputs = names["block_scale"], names["global_scale"], names["input_scale"]
     out: list[Finding] = []
 
     def bad(code: str, leaf: str, message: str) -> None:
         out.append(Finding(code, module, leaf, message))
 
-    required = [names["weight"], "weight_scale", names["scale_2"]]
+    required = [names["weight"], scale, scale_2]
     if d.scheme == "w4a4":
-        required.append(names["input"])
+        required.append(inputs)
     for leaf in required:
         if leaf not in leaves:
             why = ""
-            if leaf == names["input"]:
+            if leaf == inputs:
                 why = ("; vLLM's W4A4 MoE kernels fold it into the dequant alphas, so the buffer it never "
                        "loaded (uninitialised memory) would scale this expert")
             bad("missing_tensor", leaf, f"missing; the config declares {_scheme_words(d)}{why}")
-    if d.scheme == "weight_only" and names["input"] in leaves:
-        bad("unexpected_tensor", names["input"], f"present, but the config declares {_scheme_words(d)}: vLLM's "
+    if d.scheme == "weight_only" and inputs in leaves:
+        bad("unexpected_tensor", inputs, f"present, but the config declares {_scheme_words(d)}: vLLM's "
             "weight-only path discards it, so the export and its config disagree about the activations")
-    other = {v for p, n in LEAVES.items() if p != d.producer for v in n.values()} - set(names.values())
-    for leaf in sorted(set(leaves) - set(required) - {names["input"]} - _ALLOWED_EXTRA):
+    other = {v for p, n in producers.writers(SCHEME).items() if p != d.producer for v in n.values()} - set(
+        names.values())
+    for leaf in sorted(set(leaves) - set(required) - {inputs} - _ALLOWED_EXTRA):
         hint = " (a name of the other producer)" if leaf in other else ""
         bad("unexpected_tensor", leaf, f"not part of a {d.producer} NVFP4 module{hint}")
 
-    w, s = leaves.get(names["weight"]), leaves.get("weight_scale")
+    w, s = leaves.get(names["weight"]), leaves.get(scale)
     if w is not None and (w.dtype != "U8" or len(w.shape) != 2):
         bad("bad_dtype" if w.dtype != "U8" else "bad_shape", w.name.rpartition(".")[2],
             f"is {w.dtype} {list(w.shape)}; packed e2m1 is U8 [out, in/2]")
@@ -270,17 +259,17 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
             "blocks of 16 (one E4M3 scale per 16 inputs)")
     if s is not None:
         if s.dtype != "F8_E4M3":
-            bad("bad_dtype", "weight_scale", f"is {s.dtype}; block scales are F8_E4M3")
+            bad("bad_dtype", scale, f"is {s.dtype}; block scales are F8_E4M3")
         if w is not None and len(w.shape) == 2 and s.shape != (w.shape[0], w.shape[1] * 2 // 16):
-            bad("bad_shape", "weight_scale", f"is {list(s.shape)}, expected {[w.shape[0], w.shape[1] * 2 // 16]} "
+            bad("bad_shape", scale, f"is {list(s.shape)}, expected {[w.shape[0], w.shape[1] * 2 // 16]} "
                 f"(one per 16 inputs of {names['weight']} {list(w.shape)})")
         elif block_scales and s.dtype == "F8_E4M3":
             raw = _read(s, s.numel)
             nan = sum(raw.count(b) for b in (b"\x7f", b"\xff"))
             zero = sum(raw.count(b) for b in (b"\x00", b"\x80"))
             if nan or zero:
-                bad("bad_value", "weight_scale", f"{nan} NaN and {zero} zero of {s.numel} block scales")
-    for leaf in (names["scale_2"], names["input"]):
+                bad("bad_value", scale, f"{nan} NaN and {zero} zero of {s.numel} block scales")
+    for leaf in (scale_2, inputs):
         t = leaves.get(leaf)
         if t is None:
             continue
@@ -325,7 +314,7 @@ def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any]
 def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Finding]:
     """An expert's gate and up projections share one input and one global scale (vLLM keeps one per w13)."""
     pairs = (("gate_proj", "up_proj"), ("w1", "w3"))
-    leaf = LEAVES[d.producer]["scale_2"]
+    leaf = producers.leaves(d.producer, SCHEME)["global_scale"]
     out = []
     for module, leaves in modules.items():
         for a, b in pairs:
@@ -355,9 +344,10 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
         module, _, leaf = t.name.rpartition(".")
         modules.setdefault(module, {})[leaf] = t
     nvfp4 = 0
+    quantized = producers.quantized_leaves(SCHEME)
     for module, leaves in modules.items():
         weight = leaves.get("weight")
-        is_nvfp4 = bool(NVFP4_LEAVES & set(leaves)) or (weight is not None and weight.dtype == "U8")
+        is_nvfp4 = bool(quantized & set(leaves)) or (weight is not None and weight.dtype == "U8")
         nvfp4 += is_nvfp4
         if d.scheme == "unquantized":
             if is_nvfp4:

@@ -1,8 +1,11 @@
-"""Checkpoint directories for matrix cells: synthetic ones built into a content-addressed cache, local paths,
-and hub ids resolved from the local Hugging Face cache only (this suite never downloads at test time)."""
+"""Checkpoint directories for matrix cells: synthetic ones assembled, labelled and built into a content-addressed
+cache (the only place a checkpoint is put together: family, scheme, producer, faults), local paths, and hub ids
+resolved from the local Hugging Face cache only (this suite never downloads at test time)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -10,13 +13,21 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from quantmatrix.checkpoints.configs import config_files, digest
+from quantmatrix.checkpoints.configs import plain_files
 from quantmatrix.errors import CheckpointUnavailable, MatrixError
+from quantmatrix.schema.factory import UNQUANTIZED
 from quantmatrix.schema.model import Checkpoint
 from quantmatrix.schema.synthetic import SyntheticSpec
 from quantmatrix.schema.vocab import bad_hub_repo, bad_hub_revision
 
+if TYPE_CHECKING:
+    import torch
+
+# Bumped whenever the factory (any scheme or producer module included) writes different bytes for the same spec:
+# the cache key. tests/factory_digests.json holds the bytes of every matrix checkpoint at this version.
+FACTORY_VERSION = 2
 _COMPLETE = ".quantmatrix-complete"
 DEQUANTIZED = "dequantized"
 
@@ -27,14 +38,23 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "quantmatrix"
 
 
+def digest(spec: SyntheticSpec) -> str:
+    """The cache key of a spec: its fields and the factory version that writes its bytes."""
+    blob = json.dumps({"spec": dataclasses.asdict(spec), "factory": FACTORY_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def spec_of(checkpoint: Checkpoint) -> SyntheticSpec:
-    """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones)."""
-    return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.name, **checkpoint.source.value)
+    """The factory spec of a synthetic checkpoint (the matrix has already rejected impossible ones): its producer,
+    the factory scheme its matrix scheme names, its `synthetic:` flags."""
+    assert checkpoint.scheme.factory is not None, "the loader refuses a synthetic checkpoint of a scheme without one"
+    return SyntheticSpec(producer=checkpoint.producer, scheme=checkpoint.scheme.factory, **checkpoint.source.value)
 
 
 def base_spec(spec: SyntheticSpec) -> SyntheticSpec:
-    """The bf16 family member an NVFP4 spec was quantized from (same model, size and seed)."""
-    return SyntheticSpec(producer="none", scheme="bf16", model=spec.model, size=spec.size, seed=spec.seed)
+    """The bf16 family member a quantized spec was made from (same model, size and seed)."""
+    producer, scheme = UNQUANTIZED
+    return SyntheticSpec(producer=producer, scheme=scheme, model=spec.model, size=spec.size, seed=spec.seed)
 
 
 def materialize(checkpoint: Checkpoint) -> Path:
@@ -53,6 +73,22 @@ def materialize(checkpoint: Checkpoint) -> Path:
         return materialize_spec(spec, checkpoint.id)
     except MatrixError as e:
         raise MatrixError(f"{checkpoint.source.where}: checkpoint {checkpoint.id!r}: {e}") from None
+
+
+def base_of(checkpoint: Checkpoint) -> Path:
+    """The bf16 family member a synthetic checkpoint was made from, from the cache (`base-<model>-<size>-seed<n>`)."""
+    spec = base_spec(spec_of(checkpoint))
+    return materialize_spec(spec, f"base-{spec.model}-{spec.size}-seed{spec.seed}")
+
+
+def twin(checkpoint: Checkpoint, size: str) -> Path | None:
+    """The synthetic checkpoint built at another size (`<id>-<size>`, e.g. the engine's GPU-sized twin), or None
+    where the checkpoint itself serves: not synthetic, or already that size."""
+    if checkpoint.source.kind != "synthetic":
+        return None
+    spec = spec_of(checkpoint)
+    return None if spec.size == size else materialize_spec(dataclasses.replace(spec, size=size),
+                                                           f"{checkpoint.id}-{size}")
 
 
 def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
@@ -88,23 +124,47 @@ def build(spec: SyntheticSpec, final: Path, key: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write(spec: SyntheticSpec, out: Path) -> None:
-    """Write the whole checkpoint into `out` (which must exist). An NVFP4 export also gets `dequantized/`:
-    the bf16 HF model its clean tensors encode (before any fault of the spec), the e2e tier's reference.
-    A bf16 checkpoint gets REFERENCE_FILE: transformers' greedy continuation of the shipped prompts."""
-    from quantmatrix.checkpoints import base, export  # torch and transformers: only when building
+@dataclasses.dataclass(frozen=True)
+class Contents:
+    """Everything the factory writes for a spec, in memory: `write` puts exactly this on disk."""
+
+    json_files: dict[str, Any]  # config.json, generation_config.json, a producer's own config, the reference
+    tensors: dict[str, torch.Tensor]  # model.safetensors, faults applied
+    tokenizer: dict[str, str]
+    dequantized: Contents | None = None  # dequantized/: the bf16 model the clean tensors encode
+
+
+def contents(spec: SyntheticSpec) -> Contents:
+    """The checkpoint of a spec: the family's bf16 model, encoded by the spec's scheme as its producer writes it,
+    the spec's faults planted, the producer's config files. A quantized one also gets dequantized/ (the bf16 model
+    its clean tensors encode, the e2e tier's reference); an unquantized one is its own reference and carries
+    transformers' greedy continuation of the shipped prompts (base.REFERENCE_FILE)."""
+    from quantmatrix.checkpoints import base, faults, producers, schemes  # torch, transformers: only when building
 
     family = base.base(spec.model, spec.size, spec.seed)
-    files = config_files(spec)
-    if spec.producer == "none":  # corrupt_tensors breaks bf16 weights too (the e2e tier's broken canaries)
-        tensors = export.faulty(spec, family.tensors)
-        base.write_hf(out, {**files, base.REFERENCE_FILE: family.reference}, tensors, family.tokenizer)
-        return
+    producer = producers.producer(spec.producer)
     with base.one_thread():
-        exported = export.export(spec, family)
-    base.write_hf(out, files, exported.tensors, family.tokenizer)
-    (out / DEQUANTIZED).mkdir()
-    base.write_hf(out / DEQUANTIZED, config_files(base_spec(spec)), exported.dequantized, family.tokenizer)
+        encoded = schemes.scheme(spec).encode(spec, family, producer)
+    tensors = dict(sorted(faults.apply(spec, encoded.tensors).items()))
+    files = producer.config_files(spec, plain_files(spec.model, spec.size))
+    if encoded.dequantized is None:
+        return Contents({**files, base.REFERENCE_FILE: family.reference}, tensors, family.tokenizer)
+    clean = Contents(plain_files(spec.model, spec.size), encoded.dequantized, family.tokenizer)
+    return Contents(files, tensors, family.tokenizer, clean)
+
+
+def write(spec: SyntheticSpec, out: Path) -> None:
+    """Write the whole checkpoint of a spec into `out` (which must exist)."""
+    _write(contents(spec), out)
+
+
+def _write(c: Contents, out: Path) -> None:
+    from quantmatrix.checkpoints.base import write_hf
+
+    write_hf(out, c.json_files, c.tensors, c.tokenizer)
+    if c.dequantized is not None:
+        (out / DEQUANTIZED).mkdir()
+        _write(c.dequantized, out / DEQUANTIZED)
 
 
 def hub_cache() -> Path:

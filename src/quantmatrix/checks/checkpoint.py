@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix import properties as P
-from quantmatrix.checkpoints.configs import config_files
-from quantmatrix.checkpoints.lint import LEAVES, NVFP4_LEAVES, LintReport, declared
-from quantmatrix.checkpoints.store import base_spec, materialize_spec, spec_of
+from quantmatrix.checkpoints import producers, store
+from quantmatrix.checkpoints.lint import SCHEME, LintReport, declared
 from quantmatrix.checks.expected import unmatched
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.schema.model import Case, TensorFinding
@@ -60,15 +59,14 @@ def hf_reference(path: Path, spec: SyntheticSpec) -> tuple[list[list[int]], str 
     """transformers' greedy output from the files on disk (from_pretrained and its checkpoint conversion), and how
     it differs (None: identical) from the same model built in memory from the factory's tensors and never saved:
     the write/load path must reproduce a forward it took no part in."""
-    from quantmatrix.checkpoints import base, export
+    from quantmatrix.checkpoints import base
 
-    config = config_files(spec)["config.json"]
+    made = store.contents(spec)
     prompts = base.prompts()
     ids = base.encode(path, prompts)
-    if ids != base.encode(base.tokenizer_files(config["vocab_size"]), prompts):
+    if ids != base.encode(made.tokenizer, prompts):
         return [], "tokenizer.json on disk encodes the prompts differently from the tokenizer the factory trains"
-    tensors = export.faulty(spec, base.bf16_tensors(spec.model, config, spec.seed))
-    want = base.greedy(base.in_memory(spec.model, config, tensors), ids)
+    want = base.greedy(base.in_memory(spec.model, made.json_files["config.json"], made.tensors), ids)
     got = base.greedy(base.load_hf(path), ids)
     if got == want:
         return got, None
@@ -99,8 +97,7 @@ def dequant_verdict(case: Case, err: LogitError) -> Verdict:
 
 def base_dir(checkpoint: Any) -> Path:
     """The bf16 family member a synthetic NVFP4 checkpoint was quantized from, from the cache."""
-    spec = base_spec(spec_of(checkpoint))
-    return materialize_spec(spec, f"base-{spec.model}-{spec.size}-seed{spec.seed}")
+    return store.base_of(checkpoint)
 
 
 def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
@@ -113,7 +110,7 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
     from quantmatrix.adapter import nvfp4 as vllm_nvfp4
 
     producer = declared(checkpoint_dir)[0].producer
-    names = LEAVES[producer]
+    names = producers.leaves(producer, SCHEME)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(checkpoint_dir.glob("*.safetensors")):
         tensors.update(load_file(file))
@@ -121,16 +118,17 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
     for name, t in tensors.items():
         module, _, leaf = name.rpartition(".")
         if leaf == names["weight"] and t.dtype == torch.uint8:
-            missing = [n for n in (f"{module}.{names['scale_2']}", f"{module}.weight_scale") if n not in tensors]
+            global_scale, block_scale = f"{module}.{names['global_scale']}", f"{module}.{names['block_scale']}"
+            missing = [n for n in (global_scale, block_scale) if n not in tensors]
             if missing:
                 raise ValueError(f"{checkpoint_dir}: {name} is packed NVFP4 but {missing} are missing: the lint "
                                  "names it; this check cannot decode the weight")
-            scale_2 = tensors[f"{module}.{names['scale_2']}"].float().reshape(())
+            scale_2 = tensors[global_scale].float().reshape(())
             if producer in INVERTED_GLOBAL_SCALE:
                 scale_2 = 1.0 / scale_2
-            state[f"{module}.weight"] = vllm_nvfp4.dequantize(t, tensors[f"{module}.weight_scale"], scale_2,
+            state[f"{module}.weight"] = vllm_nvfp4.dequantize(t, tensors[block_scale], scale_2,
                                                               torch.bfloat16)
-        elif leaf not in NVFP4_LEAVES:
+        elif leaf not in producers.quantized_leaves(SCHEME):
             state[name] = t
     return state
 

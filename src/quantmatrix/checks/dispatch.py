@@ -11,10 +11,10 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
+from quantmatrix.adapter.declared import Declaration, declare
 from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.checks.verdict import Verdict
 from quantmatrix.schema.model import Case, Checkpoint, MoeBackend
@@ -34,50 +34,37 @@ _SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "unqu
                  "rejected": "a rejected"}
 
 
-def _group_activations(group: Any) -> str:
-    if not isinstance(group, dict):
-        return "not-a-mapping"
-    if "input_activations" not in group:
-        return "missing"
-    acts = group["input_activations"]
-    if acts is None:
-        return "null"
-    if acts == {}:
-        return "empty"
-    return "quantized" if isinstance(acts, dict) else f"unexpected {type(acts).__name__}"
+def _groups_part(d: Declaration) -> str:
+    if not d.groups:
+        return d.groups_text()
+    acts = sorted({acts for _, acts in d.groups})
+    return f"{len(d.groups)} config group(s); input_activations={'/'.join(acts)}"
 
 
 def config_shape(checkpoint_dir: Path) -> str:
-    """A one-line description of the config's shape, so a reader knows which resolution rule decided."""
+    """A one-line description of the config's shape, so a reader knows which resolution rule decided (the config
+    groups as adapter.declared reads them for the lint and the guard)."""
     cfg = json.loads((checkpoint_dir / "config.json").read_text())
     qc = cfg.get("quantization_config")
     legacy = checkpoint_dir / "hf_quant_config.json"
     if qc is None and legacy.is_file():
-        inner = json.loads(legacy.read_text()).get("quantization", {})
-        return f"hf_quant_config.json (legacy); quant_algo={inner.get('quant_algo')}; no config_groups"
+        whole = json.loads(legacy.read_text())
+        d = declare(whole, legacy=True)
+        groups = "no config_groups" if d.groups_shape == "missing" else _groups_part(d)
+        return f"hf_quant_config.json (legacy); quant_algo={whole.get('quantization', {}).get('quant_algo')}; {groups}"
     if qc is None:
         return "no quantization config"
     parts = [f"config.json quantization_config; quant_method={qc.get('quant_method')}"]
     if "quant_algo" in qc:
         parts.append(f"quant_algo={qc['quant_algo']}")
-    groups = qc.get("config_groups")
-    if "config_groups" not in qc:
-        parts.append("config_groups missing")
-    elif not groups:
-        parts.append("config_groups empty")
-    elif isinstance(groups, dict):
-        acts = sorted({_group_activations(g) for g in groups.values()})
-        parts.append(f"{len(groups)} config group(s); input_activations={'/'.join(acts)}")
-    else:
-        parts.append(f"config_groups is a {type(groups).__name__}")
-    return "; ".join(parts)
+    return "; ".join([*parts, _groups_part(declare(qc))])
 
 
 def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
     return Verdict(_config_problem(case.cell.checkpoint, got, shape), properties=[
-        (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.quant_method), (P.QUANT_CONFIG_CLASS, got.config_class),
+        (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.method), (P.QUANT_CONFIG_CLASS, got.config_class),
         (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme)])
 
 
@@ -85,7 +72,7 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
     """None when the resolution is what the matrix expects, else the message a maintainer reads."""
     expected = checkpoint.expectation("resolves_to")
     if got.scheme != expected:
-        routed = f"{got.quant_method}/{got.algo}" if got.algo else got.quant_method
+        routed = f"{got.method}/{got.algo}" if got.algo else got.method
         head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
                 f"({routed})" if got.scheme != "rejected" else
                 f"{_SCHEME_WORDS[expected]} checkpoint was rejected by vLLM: {got.detail}")
@@ -100,8 +87,8 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
                     f"match {because!r} [config shape: {shape}]")
         return None
     expected_method = checkpoint.expectation("quant_method")
-    if got.quant_method != expected_method:
-        return (f"checkpoint claimed by vLLM quantization method {got.quant_method!r}, expected "
+    if got.method != expected_method:
+        return (f"checkpoint claimed by vLLM quantization method {got.method!r}, expected "
                 f"{expected_method!r} [config shape: {shape}]")
     return None
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from quantmatrix.adapter.roles import role_of
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.checks.audit import AuditReport, Finding
 
 SCALE_ROLES = ("block_scale", "global_scale", "input_scale")

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from quantmatrix.adapter.layers import MoELayer
-from quantmatrix.adapter.roles import role_of
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.checks import findings
 from quantmatrix.checks.audit import AuditReport, Finding
 

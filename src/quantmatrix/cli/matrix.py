@@ -15,7 +15,8 @@ from quantmatrix.adapter import health
 from quantmatrix.adapter.versions import versions
 from quantmatrix.cli.root import default_matrix, project_root
 from quantmatrix.host.detect import detect
-from quantmatrix.schema.load import load
+from quantmatrix.pytest_plugin.options import HEALTH_TIMEOUT, RUN_ID_ENV
+from quantmatrix.schema.load import DEFAULT_MATRIX, load
 from quantmatrix.schema.model import Matrix
 
 
@@ -25,12 +26,12 @@ def register(sub: Any) -> None:
                             ("run", "pytest over suites/ with JUnit into reports/<run-id>/; unknown arguments go "
                                     "to pytest")):
         sp = sub.add_parser(name, help=help_text)
-        sp.add_argument("--matrix", metavar="FILE", help="matrix YAML (default: matrices/default.yaml)")
+        sp.add_argument("--matrix", metavar="FILE", help=f"matrix YAML (default: {DEFAULT_MATRIX})")
         if name in ("detect", "run"):
             sp.add_argument("--arch", metavar="NAME", help="treat this host as arch NAME")
         if name == "detect":
-            sp.add_argument("--health-timeout", type=float, default=120.0, metavar="S",
-                            help="time limit of the vLLM health check (default 120 s)")
+            # the plugin's flag, validated by the same Flag after parsing (a bad value: exit 2 naming it)
+            sp.add_argument(HEALTH_TIMEOUT.name, metavar=HEALTH_TIMEOUT.metavar, help=HEALTH_TIMEOUT.help)
         if name == "run":
             sp.add_argument("--run-id", help="report directory name (default: timestamp-host)")
             sp.add_argument("--out", metavar="DIR", help="report directory (default: reports/<run-id>)")
@@ -62,6 +63,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_detect(args: argparse.Namespace) -> int:
     """This host, and whether the vLLM under test imports here (the same check a session runs first): exit 1
     when it is broken, so a runner owner can check a new install before the nightly does."""
+    timeout = HEALTH_TIMEOUT.value(getattr(args, HEALTH_TIMEOUT.dest))
     m = _matrix(args)
     host = detect(m, args.arch)
     print(f"host: {host.describe(m)}")
@@ -74,7 +76,7 @@ def cmd_detect(args: argparse.Namespace) -> int:
     if versions()["vllm_distribution"] == "none":
         print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped)")
         return 0
-    verdict = health.check(args.health_timeout)
+    verdict = health.check(timeout)
     print("\n".join(verdict.detail()))
     return 0 if verdict.ok else 1
 
@@ -92,5 +94,5 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
     if args.arch:
         argv.append(f"--arch={args.arch}")
     print(f"quantmatrix run {run_id}: JUnit -> {out / 'junit.xml'}", flush=True)
-    env = {**os.environ, "QUANTMATRIX_RUN_ID": run_id}
+    env = {**os.environ, RUN_ID_ENV: run_id}
     return subprocess.run(argv + pytest_args, cwd=root, env=env).returncode

@@ -5,17 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantmatrix.errors import QuantmatrixError
+from quantmatrix.schema.load import DEFAULT_MATRIX, MATRICES
 
 
 def project_root() -> Path:
     """From the working directory up, else from this package's own location (an editable install)."""
     for start in (Path.cwd(), Path(__file__).resolve()):
         for d in (start, *start.parents):
-            if (d / "suites").is_dir() and (d / "matrices" / "default.yaml").is_file():
+            if (d / "suites").is_dir() and (d / DEFAULT_MATRIX).is_file():
                 return d
-    raise QuantmatrixError("cannot find the quantmatrix checkout (a directory with suites/ and "
-                           "matrices/default.yaml); run from inside it")
+    raise QuantmatrixError(f"cannot find the quantmatrix checkout (a directory with suites/ and {DEFAULT_MATRIX}); "
+                           "run from inside it")
 
 
-def default_matrix(name: str = "default.yaml") -> Path:
-    return project_root() / "matrices" / name
+def default_matrix(name: str = DEFAULT_MATRIX.name) -> Path:
+    return project_root() / MATRICES / name

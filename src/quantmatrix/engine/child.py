@@ -47,29 +47,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     stage = "import"
     start = time.perf_counter()
     try:
-        import vllm
-
         from quantmatrix.adapter import engine as adapter
         from quantmatrix.engine import poison
         from quantmatrix.engine.inspect import inspect_model
 
+        adapter.import_engine()
         poison.register(source="engine_child")
         timings["import_s"] = time.perf_counter() - start
         stage = "load"
         t = time.perf_counter()
-        llm = vllm.LLM(model=request["model"], **request["engine_args"])
+        llm = adapter.start(request["model"], request["engine_args"])
         timings["load_s"] = time.perf_counter() - t
         stage = "generate"
         t = time.perf_counter()
-        outputs = llm.generate(request["prompts"], adapter.sampling_params(request["max_tokens"],
-                                                                                request["logprobs"]),
-                               use_tqdm=False)
+        outputs = adapter.generate(llm, request["prompts"], request["max_tokens"], request["logprobs"])
         timings["generate_s"] = time.perf_counter() - t
         stage = "inspect"
         t = time.perf_counter()
         workers = adapter.on_every_worker(llm, inspect_model)
         timings["inspect_s"] = time.perf_counter() - t
-        return {"status": "ok", "outputs": adapter.completions(outputs), "timings": timings,
+        return {"status": "ok", "outputs": outputs, "timings": timings,
                 "versions": versions(), "device": adapter.device(), "workers": workers,
                 "child_pid": os.getpid()}
     except Exception as e:  # noqa: BLE001 - every engine failure becomes data for the case message

@@ -80,7 +80,7 @@ def measure(checkpoint_dir: Path, capability: tuple[int, int], tokens: int = 8, 
     from safetensors.torch import load_file
 
     from quantmatrix.adapter import kernel, layers
-    from quantmatrix.adapter.roles import role_of
+    from quantmatrix.checkpoints.producers import role_of
 
     files = sorted(checkpoint_dir.glob("*.safetensors"))
     weights = {name: t for path in files for name, t in load_file(str(path)).items()}
@@ -88,7 +88,7 @@ def measure(checkpoint_dir: Path, capability: tuple[int, int], tokens: int = 8, 
     if first.layer is None:
         return Observation(error=f"vLLM refused to build the MoE layer: {first.error}")
     backend = first.layer.backend
-    hidden_size = first.layer.vllm_config.model_config.get_hidden_size()
+    hidden_size = first.layer.hidden_size
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     hidden = torch.randn(tokens, hidden_size, generator=torch.Generator().manual_seed(seed)).to(
         device=device, dtype=torch.bfloat16)

@@ -27,7 +27,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from quantmatrix.adapter import engine as adapter
-from quantmatrix.adapter.roles import role_of
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.engine.protocol import POISON_ENV as ENV
 
 VALUES: dict[str, float] = {"zero": 0.0, "one": 1.0, "nan": math.nan}
@@ -165,7 +165,7 @@ def audit_after_load(model: torch.nn.Module, name: str, is_moe: Callable[[torch.
                 STATE.other_after_load.append(pname)
 
 
-def register(source: str = "vllm.general_plugins") -> None:
+def register(source: str = adapter.PLUGIN_GROUP) -> None:
     """Install the poison seams in this process (idempotent). vLLM calls it with no argument."""
     if STATE.registered_by is not None:
         return

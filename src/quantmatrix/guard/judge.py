@@ -1,6 +1,8 @@
 """The guard's verdict: every recorded layer judged against its backend's read-set (the packaged read-sets, or a
 matrix's) by the post-load audit's own code (checks.findings, checks.audit.problem_of), and one refusal text that
-names the layer, tensor, experts, backend, checkpoint file and what to do."""
+names the layer, tensor, experts, backend, checkpoint file and what to do. What to do compares what the checkpoint
+declares (adapter.declared, the lint's and config dispatch's own reading) with what vLLM built: the seed bug is a
+weight-only checkpoint whose layers were built W4A4."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from quantmatrix.adapter import loaders
+from quantmatrix.adapter.declared import Declaration
 from quantmatrix.checks import findings
 from quantmatrix.checks.audit import AuditReport, Finding, problem_of
 from quantmatrix.errors import AdapterMismatch
@@ -27,9 +30,10 @@ class LayerResult:
     kind: str
     method: str
     backend: str
-    weight_only: bool
+    weight_only: bool  # the method's own view (MoE use_a16, a linear method without an activation key)
     known_backend: bool
     report: AuditReport
+    declared: Declaration | None = None  # what the checkpoint's quantization config declares, None: not known
 
     @property
     def problems(self) -> list[Finding]:
@@ -46,7 +50,7 @@ class Outcome:
         return [(r, f) for r in self.layers for f in r.problems]
 
 
-def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend]) -> LayerResult:
+def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend], declared: Declaration | None = None) -> LayerResult:
     method, backend, weight_only = loaders.method_and_backend(layer.module)
     known = backends.get(backend)
     reads = known.reads if known is not None else WEIGHT_ONLY_ROLES if weight_only else EVERY_ROLE
@@ -55,21 +59,29 @@ def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend]) -> LayerResult
     masks = {f"{layer.name}.{n}": unloaded_mask(layer, n) for n in layer.params}
     report = findings.judge_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
                                   experts)
-    return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report)
+    return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report, declared)
 
 
-def judge(recorder: Recorder, backends: Mapping[str, MoeBackend]) -> Outcome:
+def judge(recorder: Recorder, backends: Mapping[str, MoeBackend], declared: Declaration | None = None) -> Outcome:
+    """Every recorded layer against its backend's read-set; `declared` (adapter.declared.of_model) lets the advice
+    name a weight-only checkpoint that vLLM built W4A4."""
     if recorder.errors:
         raise AdapterMismatch(f"{len(recorder.errors)} weight_loader call(s) could not be read, e.g. "
                               f"{recorder.errors[0]}; update quantmatrix/adapter/loaders.py")
-    results = tuple(judge_layer(layer, backends) for layer in recorder.layers)
+    results = tuple(judge_layer(layer, backends, declared) for layer in recorder.layers)
     return Outcome(results, sum(len(r.params) for r in recorder.layers))
 
 
 def _advice(result: LayerResult) -> str:
     roles = {f.role for f in result.report.read_but_unloaded}
+    d = result.declared
     if result.report.unusable and not roles:
         return "the checkpoint itself is broken (values no kernel can use): re-export or re-download it"
+    if "input_scale" in roles and d is not None and d.scheme == "weight_only" and not result.weight_only:
+        return (f"a weight-only checkpoint routed to W4A4: it declares weight-only ({declaration_words(d)}) but vLLM "
+                f"built {result.method} as W4A4 on backend {result.backend}, which reads the activation scales it "
+                f"never had; route it to Marlin with {loaders.ROUTE_WEIGHT_ONLY}, or use a vLLM that routes this "
+                "config weight-only")
     if "input_scale" in roles and result.weight_only:
         return (f"a weight-only checkpoint routed to a backend that reads activation scales: route it with "
                 f"{loaders.ROUTE_WEIGHT_ONLY}, or use a vLLM that routes weight-only NVFP4 to Marlin")
@@ -77,6 +89,12 @@ def _advice(result: LayerResult) -> str:
         return (f"the checkpoint lacks input_scale for these experts: re-export it with calibrated activation "
                 f"scales, or serve it weight-only with {loaders.ROUTE_WEIGHT_ONLY}")
     return "the checkpoint lacks tensors this backend reads: it is incomplete or broken; re-export it"
+
+
+def declaration_words(d: Declaration) -> str:
+    """The config's own words for its scheme: `modelopt quant_algo NVFP4, g input_activations null`."""
+    algo = f" quant_algo {d.algo}" if d.algo else ""
+    return f"{d.producer}{algo}, {d.groups_text()}"
 
 
 def refusal(outcome: Outcome, files: Callable[[str], list[str]]) -> str:

@@ -7,22 +7,23 @@ wraps the MoE and linear parameters' weight_loaders (guard.record); right before
 turns the loaded tensors into kernel format it judges them (guard.judge) and unwraps. Nothing stays on the forward
 path. Either way vLLM's log says that the guard ran and how many tensors it checked; a guard that cannot run says so
 at ERROR level and, under `refuse`, stops the engine too (vLLM itself only logs a plugin that fails to import, so
-this module imports nothing but the standard library until `register` runs).
+this module imports nothing but the standard library and quantmatrix.adapter.engine, itself standard library only at
+import, until `register` runs).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 import time
 from typing import Any
 
+from quantmatrix.adapter.engine import plugin_logger
+
 ENV = "QUANTMATRIX_GUARD"
 BACKENDS_ENV = "QUANTMATRIX_GUARD_BACKENDS"  # optional matrix file whose moe_backends override the packaged ones
-# vLLM configures handlers on its "vllm" logger, so a child logger's lines land in vLLM's own log.
-_LOG = logging.getLogger("vllm.quantmatrix_guard")
+_LOG = plugin_logger("quantmatrix_guard")  # its lines land in vLLM's own log
 
 
 class GuardRefusal(RuntimeError):
@@ -104,12 +105,12 @@ def _install() -> None:
 
 def guard_model(recorder: Any, model_config: Any, wanted: str, hook_s: float = 0.0) -> Any:
     """Judge the recorded model; raise GuardRefusal (refuse) or log once (warn). Returns the Outcome."""
-    from quantmatrix.adapter import loaders
+    from quantmatrix.adapter import declared, loaders
     from quantmatrix.guard import judge
 
     start = time.perf_counter()
     try:
-        outcome = judge.judge(recorder, backends())
+        outcome = judge.judge(recorder, backends(), declared.of_model(model_config))
         text = judge.refusal(outcome, lambda prefix: loaders.model_files(model_config, prefix))
     except Exception as e:  # a guard bug must never look like a clean model
         _fail(wanted, f"judging the loaded model failed ({type(e).__name__}: {e})")

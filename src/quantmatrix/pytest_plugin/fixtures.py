@@ -26,6 +26,8 @@ from quantmatrix.checks.verdict import Verdict
 from quantmatrix.engine.observed import Observation
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.host.probe import Seen
+from quantmatrix.pytest_plugin import gates
+from quantmatrix.pytest_plugin.options import STRICT_CHECKPOINTS
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
 from quantmatrix.schema.model import Case, Cell, Checkpoint, Matrix
 
@@ -89,26 +91,16 @@ def checkpoint_dir(cell: Cell, quantmatrix_settings: Settings, quantmatrix_sessi
         try:
             quantmatrix_session.memo[key] = store.materialize(ck)
         except CheckpointUnavailable as e:
-            short = _too_few_gpus(cell, quantmatrix_settings)
+            short = gates.too_few_gpus(quantmatrix_settings, cell)
             if short and _configs_cached(ck):  # its runner fetched the config files only (quantmatrix fetch)
                 pytest.skip(f"{short}, so this runner holds only its config files; the file checks run on a runner "
                             f"that serves it ({e})")
-            if quantmatrix_settings.strict_checkpoints:
-                pytest.fail(f"--strict-checkpoints: {e}", pytrace=False)
-            pytest.skip(str(e))
+            gates.strict(STRICT_CHECKPOINTS.name, quantmatrix_settings.strict_checkpoints, str(e)).now()
     path = quantmatrix_session.memo[key]
     if ck.source.kind == "hub":  # resolve_hub returns snapshots/<commit>
         record_property(P.CHECKPOINT_REVISION, ck.source.value[1])
         record_property(P.CHECKPOINT_SNAPSHOT, path.name)
     return path
-
-
-def _too_few_gpus(cell: Cell, settings: Settings) -> str | None:
-    """Why this host cannot serve the cell's checkpoint (fewer GPUs of the arch than it needs), or None."""
-    ck, host = cell.checkpoint, settings.host
-    if host is None or not host.has(cell.arch) or host.count(cell.arch) >= ck.gpus:
-        return None
-    return f"{ck.id} needs {ck.gpus} GPUs of {cell.arch.describe()}; this host has {host.count(cell.arch)}"
 
 
 def _configs_cached(ck: Checkpoint) -> bool:
@@ -126,7 +118,7 @@ def config_dir(cell: Cell, quantmatrix_settings: Settings, request: pytest.Fixtu
     """What config resolution reads: the checkpoint, or for a hub checkpoint this host has too few GPUs to
     serve, the snapshot of its config files that `quantmatrix fetch` leaves on such a runner."""
     ck = cell.checkpoint
-    if ck.source.kind == "hub" and _too_few_gpus(cell, quantmatrix_settings):
+    if ck.source.kind == "hub" and gates.too_few_gpus(quantmatrix_settings, cell):
         try:
             return store.resolve_hub(*ck.source.value, configs_only=True)
         except CheckpointUnavailable:
@@ -135,18 +127,16 @@ def config_dir(cell: Cell, quantmatrix_settings: Settings, request: pytest.Fixtu
 
 
 @pytest.fixture
-def vllm() -> Any:
-    """vLLM itself; a case that needs it is skipped, with the reason, where it is not installed."""
+def vllm_importable() -> None:
+    """The gate of every fixture that measures through vLLM: a case that needs it is skipped, with the reason,
+    where vLLM is not importable (the measuring goes through quantmatrix.adapter, never through the module)."""
     reason = vllm_missing_reason()
     if reason:
         pytest.skip(reason)
-    import vllm as module
-
-    return module
 
 
 @pytest.fixture
-def resolution(config_dir: Path, vllm: Any, quantmatrix_session: Session) -> Resolution:
+def resolution(config_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> Resolution:
     """vLLM's config resolution of the cell's checkpoint (its config files), once per checkpoint per session."""
     from quantmatrix.adapter import config
 
@@ -159,20 +149,21 @@ def _build(session: Session, checkpoint_dir: Path, cell: Cell, every_layer: bool
     return build
 
 
-def _simulated(build: layers.LayerBuild, record_property: Callable[[str, object], None]) -> layers.LayerBuild:
-    """Record the optional kernel packages hidden from vLLM for this build: its verdict holds for "without them"."""
+def _layer(kind: str, session: Session, checkpoint_dir: Path, cell: Cell,
+           record_property: Callable[[str, object], None]) -> layers.LayerBuild:
+    """The `kind` build of the cell's MoE block, once per (checkpoint, arch), recording the optional kernel
+    packages hidden from vLLM for it: its verdict holds for "without them"."""
+    build = session.once((kind, checkpoint_dir, cell.arch.name), lambda: _build(session, checkpoint_dir, cell))
     if build.simulated_without:
         record_property(P.SIMULATED_WITHOUT, ",".join(build.simulated_without))
     return build
 
 
 @pytest.fixture
-def moe_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+def moe_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
               record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
-    return _simulated(quantmatrix_session.once(("moe_layer", checkpoint_dir, cell.arch.name),
-                                               lambda: _build(quantmatrix_session, checkpoint_dir, cell)),
-                      record_property)
+    return _layer("moe_layer", quantmatrix_session, checkpoint_dir, cell, record_property)
 
 
 @pytest.fixture
@@ -196,12 +187,10 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, m
 
 
 @pytest.fixture
-def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session,
+def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
                  record_property: Callable[[str, object], None]) -> layers.LayerBuild:
     """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited one)."""
-    return _simulated(quantmatrix_session.once(("kernel_build", checkpoint_dir, cell.arch.name),
-                                               lambda: _build(quantmatrix_session, checkpoint_dir, cell)),
-                      record_property)
+    return _layer("kernel_build", quantmatrix_session, checkpoint_dir, cell, record_property)
 
 
 @pytest.fixture
@@ -223,7 +212,8 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
 
 
 @pytest.fixture
-def observed_reads(cell: Cell, engine_checkpoint: Any, vllm: Any, quantmatrix_session: Session) -> Observation:
+def observed_reads(cell: Cell, engine_checkpoint: Any, vllm_importable: None,
+                   quantmatrix_session: Session) -> Observation:
     """What the cell's backend really reads, measured on this host's GPU with the checkpoint the engine runs (a
     synthetic one's GPU-sized twin), once per (checkpoint, arch)."""
     from quantmatrix.engine import observed
@@ -252,7 +242,7 @@ def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) ->
 
 
 @pytest.fixture
-def dequant_error(cell: Cell, checkpoint_dir: Path, vllm: Any, quantmatrix_session: Session) -> LogitError:
+def dequant_error(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> LogitError:
     """The logits of the model the checkpoint's files decode to (vLLM's dequantization) against its bf16
     family's, once per distinct decoded model."""
     from quantmatrix.checks import checkpoint

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import os
 import sys
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 
 from quantmatrix import properties as P
 from quantmatrix.adapter.health import Health, check
-from quantmatrix.adapter.versions import versions
+from quantmatrix.adapter.versions import versions, vllm_origin
 from quantmatrix.atomic import write_atomic
 from quantmatrix.checkpoints.store import cache_root
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS
@@ -27,13 +26,13 @@ from quantmatrix.schema.model import Case
 
 _WORKER_KEY = "quantmatrix_vllm_health"
 _NOT_TESTED = (P.NOT_TESTED, P.VLLM_BROKEN)
+BROKEN_PROPERTIES = (_NOT_TESTED, (P.VLLM_HEALTH, P.HEALTH_BROKEN))
 
 
 def _env_key() -> str:
     """This interpreter, its path and every installed distribution's version: a change to any of them is a
     different vLLM under test."""
-    spec = importlib.util.find_spec("vllm")
-    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(spec.origin if spec else None)]
+    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(vllm_origin())]
     parts += sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
@@ -71,15 +70,13 @@ def session_health(config: pytest.Config) -> Health | None:
     return session.memo["health"]
 
 
-def gate(item: pytest.Item, case: Case) -> None:
-    """Fail a case at once, before any fixture, when a part of vLLM it needs is broken."""
+def broken(config: pytest.Config, case: Case) -> str | None:
+    """The one shared message when a part of vLLM the case needs is broken (the gate in pytest_plugin.gates
+    fails the case with it, before any fixture, recording BROKEN_PROPERTIES); None when it is not."""
     if not case.check.vllm:
-        return
-    health = session_health(item.config)
-    message = health.message(case.check.vllm) if health is not None else None
-    if message:
-        item.user_properties += [_NOT_TESTED, (P.VLLM_HEALTH, P.HEALTH_BROKEN)]
-        pytest.fail(message, pytrace=False)
+        return None
+    health = session_health(config)
+    return health.message(case.check.vllm) if health is not None else None
 
 
 @pytest.hookimpl(optionalhook=True)

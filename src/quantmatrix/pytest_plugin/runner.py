@@ -1,48 +1,15 @@
-"""What a GPU runner needs from a pytest run beyond the matrix: one xdist worker per GPU (or per tensor-parallel
-group) pinned with CUDA_VISIBLE_DEVICES, and a time limit for the run that still ends in a JUnit file, with every
-case it did not reach skipped as "not run" (so the report counts it as untested, never as passed)."""
+"""What a GPU runner needs from a pytest run beyond the matrix: each xdist worker pinned to its own GPUs with
+CUDA_VISIBLE_DEVICES (one GPU, or its own tensor-parallel group of N under --gpus-per-worker N). The time limit,
+the other runner setting, is a gate (pytest_plugin.gates)."""
 
 from __future__ import annotations
 
 import os
 import re
-import time
-from collections.abc import Callable
 
-import pytest
-
-from quantmatrix.host.detect import query_nvidia_smi
-
-VISIBLE = "CUDA_VISIBLE_DEVICES"
-_DEADLINE = pytest.StashKey[float]()
-
-
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise pytest.UsageError(f"--gpus-per-worker needs a whole number of GPUs >= 1, not {value!r}")
-    return int(value)
-
-
-def positive_seconds(flag: str) -> Callable[[str], float]:
-    """An option type that names its flag when the value is not a positive number of seconds."""
-    def parse(value: str) -> float:
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = 0.0
-        if not seconds > 0:
-            raise pytest.UsageError(f"{flag} needs a positive number of seconds, not {value!r}")
-        return seconds
-    return parse
-
-
-def add_options(group: pytest.OptionGroup) -> None:
-    group.addoption("--gpus-per-worker", type=_positive_int, default=None, metavar="N",
-                    help="under pytest-xdist, pin each worker to its own N GPUs with CUDA_VISIBLE_DEVICES "
-                         "(worker gwK gets GPUs K*N .. K*N+N-1 of those visible); run with -n <GPUs / N>")
-    group.addoption("--time-limit", type=positive_seconds("--time-limit"), default=None, metavar="S",
-                    help="after S seconds, skip every case not yet started as 'not run' (the JUnit file is "
-                         "still written; the report counts those cases as untested)")
+from quantmatrix.errors import OptionError
+from quantmatrix.host.detect import VISIBLE, query_nvidia_smi
+from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER
 
 
 def visible_gpus() -> list[str]:
@@ -53,40 +20,39 @@ def visible_gpus() -> list[str]:
     return [str(d.index) for d in query_nvidia_smi() or []]
 
 
-def worker_gpus(worker_id: str, per_worker: int, gpus: list[str]) -> list[str]:
-    """The slice of `gpus` that xdist worker `worker_id` (gw0, gw1, ...) owns."""
+def worker_index(worker_id: str) -> int:
+    """K of xdist worker `gwK` (the id xdist hands a worker in config.workerinput["workerid"])."""
     found = re.fullmatch(r"gw(\d+)", worker_id)
     if found is None:
-        raise pytest.UsageError(f"--gpus-per-worker: cannot read an xdist worker number from {worker_id!r}")
-    k = int(found.group(1))
+        raise OptionError(f"cannot read an xdist worker number from {worker_id!r} (pinning GPUs per worker)")
+    return int(found.group(1))
+
+
+def worker_gpus(worker_id: str | None, per_worker: int | None, gpus: list[str]) -> list[str] | None:
+    """The slice of `gpus` xdist worker `worker_id` owns: its own `per_worker` (--gpus-per-worker; too few is a
+    usage error), else one GPU, taken round-robin when workers outnumber GPUs. None: nothing to pin (no xdist
+    worker, or no GPU without --gpus-per-worker)."""
+    if worker_id is None or (per_worker is None and not gpus):
+        return None
+    k = worker_index(worker_id)
+    if per_worker is None:
+        return [gpus[k % len(gpus)]]
     mine = gpus[k * per_worker:(k + 1) * per_worker]
     if len(mine) < per_worker:
-        raise pytest.UsageError(f"--gpus-per-worker {per_worker}: worker {worker_id} has no {per_worker} GPUs of "
-                                f"its own ({len(gpus)} visible: {','.join(gpus) or 'none'}); run with "
-                                f"-n {max(1, len(gpus) // per_worker)}")
+        raise OptionError(f"{GPUS_PER_WORKER.name} {per_worker}: worker {worker_id} has no {per_worker} GPUs of "
+                          f"its own ({len(gpus)} visible: {','.join(gpus) or 'none'}); run with "
+                          f"-n {max(1, len(gpus) // per_worker)}")
     return mine
 
 
-def pin_worker(config: pytest.Config) -> None:
-    """On an xdist worker, before any CUDA use (host detection and the engines' children read this variable),
-    restrict the worker to its own GPUs."""
-    per_worker = config.getoption("gpus_per_worker")
-    workerinput = getattr(config, "workerinput", None)
-    if per_worker is None or workerinput is None:
+def pin(worker_id: str | None, per_worker: int | None, workers: int | None = None) -> None:
+    """On an xdist worker, before any CUDA use (host detection and the engines' children read the variable),
+    restrict this process to its own GPUs. In the xdist controller (`workers` from -n), check first that the last
+    worker will have GPUs of its own: one usage error, before any worker starts."""
+    if worker_id is None:
+        if per_worker is not None and workers:
+            worker_gpus(f"gw{workers - 1}", per_worker, visible_gpus())
         return
-    os.environ[VISIBLE] = ",".join(worker_gpus(workerinput["workerid"], per_worker, visible_gpus()))
-
-
-def start_clock(config: pytest.Config) -> None:
-    limit = config.getoption("time_limit")
-    if limit is not None:
-        config.stash[_DEADLINE] = time.monotonic() + limit
-
-
-def not_reached(config: pytest.Config) -> str | None:
-    """Why a case must not start: the run's time limit has passed."""
-    deadline = config.stash.get(_DEADLINE, None)
-    if deadline is None or time.monotonic() < deadline:
-        return None
-    return (f"not run: the time limit of {config.getoption('time_limit'):g} s for this run (--time-limit) "
-            "passed before this case started")
+    mine = worker_gpus(worker_id, per_worker, visible_gpus())
+    if mine is not None:
+        os.environ[VISIBLE] = ",".join(mine)

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,11 @@ import pytest
 from quantmatrix import properties as P
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import QuantmatrixError
-from quantmatrix.host.detect import Host, detect
-from quantmatrix.schema.load import load
+from quantmatrix.host.detect import Host
+from quantmatrix.pytest_plugin import runner
+from quantmatrix.pytest_plugin.options import ARCH, FLAGS, MATRIX, RUN_ID_ENV
+from quantmatrix.schema.load import DEFAULT_MATRIX, load
 from quantmatrix.schema.model import Case, Cell, Matrix
-
-DEFAULT_MATRIX = Path("matrices") / "default.yaml"
-MATRIX_HELP = "matrix YAML file (default: matrices/default.yaml under the rootdir)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,12 @@ class Settings:
     strict_checkpoints: bool
     today: datetime.date
     runner: str
-    health_timeout: float = 120.0  # seconds the vLLM health child may take (pytest_plugin.health)
+    health_timeout: float  # seconds the vLLM health child may take (pytest_plugin.health)
+    time_limit: float | None  # --time-limit, seconds
+    deadline: float | None  # time.monotonic() at which --time-limit runs out
+    gpus_per_worker: int | None  # each xdist worker's own GPUs (None: one each), pinned before detection
+    run_id: str  # `quantmatrix run`'s id (QUANTMATRIX_RUN_ID), "" for a plain pytest run
+    update_references: bool  # this run writes the e2e references (pytest_plugin.e2e)
 
     def host_properties(self) -> list[tuple[str, str]]:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
@@ -68,11 +73,11 @@ SETTINGS = pytest.StashKey[Settings]()
 SESSION = pytest.StashKey[Session]()
 
 
-def _matrix_path(config: pytest.Config) -> tuple[Path | None, str]:
+def _matrix_path(config: pytest.Config, option: str | None) -> tuple[Path | None, str]:
     """(path, how it was chosen): --matrix is relative to the working directory, the ini value to the rootdir."""
-    option, ini = config.getoption("matrix"), config.getini("quantmatrix_matrix")
+    ini = config.getini("quantmatrix_matrix")
     if option or ini:
-        source = f"--matrix {option}" if option else f"ini option quantmatrix_matrix = {ini}"
+        source = f"{MATRIX.name} {option}" if option else f"ini option quantmatrix_matrix = {ini}"
         path = Path(option or ini)
         if not path.is_absolute():
             path = (Path.cwd() if option else config.rootpath) / path
@@ -83,20 +88,41 @@ def _matrix_path(config: pytest.Config) -> tuple[Path | None, str]:
     return (default, f"the default matrix {DEFAULT_MATRIX}") if default.is_file() else (None, "no matrix")
 
 
+def _host(config: pytest.Config, matrix: Matrix, arch: str | None) -> Host:
+    """The first answer of the pytest_quantmatrix_host hook: a runner's conftest, else host.detect's chain."""
+    host = config.hook.pytest_quantmatrix_host(config=config, matrix=matrix, arch=arch)
+    if not isinstance(host, Host):
+        raise pytest.UsageError(f"pytest_quantmatrix_host answered {host!r}, not a quantmatrix.host.detect.Host")
+    return host
+
+
 def resolve(config: pytest.Config) -> Settings:
-    path, source = _matrix_path(config)
+    """Every option, the ini key and the environment, read once (pytest-timeout's get_env_settings). An xdist
+    worker is pinned to its GPUs before the host is detected, so that detection sees only the worker's own."""
+    opt = {flag.dest: config.getoption(flag.dest) for flag in FLAGS}
+    worker = (getattr(config, "workerinput", None) or {}).get("workerid")  # xdist's id of this worker
+    try:
+        runner.pin(worker, opt["gpus_per_worker"], config.getoption("numprocesses", None))
+    except QuantmatrixError as e:
+        raise pytest.UsageError(str(e)) from None
+    path, source = _matrix_path(config, opt["matrix"])
     matrix = host = None
     if path is not None:
         try:
             matrix = load(path)
-            host = detect(matrix, config.getoption("arch"))
+            host = _host(config, matrix, opt["arch"])
         except QuantmatrixError as e:
             raise pytest.UsageError(f"{e} (matrix from {source})") from None
-    elif config.getoption("arch"):
-        raise pytest.UsageError(f"--arch needs a matrix: pass --matrix FILE or create {DEFAULT_MATRIX}")
-    return Settings(matrix, source, host, config.getoption("strict_hardware"),
-                    config.getoption("strict_checkpoints"), datetime.date.today(),
-                    os.environ.get("RUNNER_NAME") or socket.gethostname(), config.getoption("vllm_health_timeout"))
+    elif opt["arch"]:
+        raise pytest.UsageError(f"{ARCH.name} needs a matrix: pass {MATRIX.name} FILE or create {DEFAULT_MATRIX}")
+    limit = opt["time_limit"]
+    return Settings(
+        matrix=matrix, matrix_source=source, host=host, strict_hardware=opt["strict_hardware"],
+        strict_checkpoints=opt["strict_checkpoints"], today=datetime.date.today(),
+        runner=os.environ.get("RUNNER_NAME") or socket.gethostname(), health_timeout=opt["vllm_health_timeout"],
+        time_limit=limit, deadline=None if limit is None else time.monotonic() + limit,
+        gpus_per_worker=opt["gpus_per_worker"], run_id=os.environ.get(RUN_ID_ENV, ""),
+        update_references=opt["update_references"])
 
 
 def case_of(item: pytest.Item) -> Case | None:

@@ -17,6 +17,7 @@ import yaml
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
 from quantmatrix.schema import e2e, fields
+from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
     Check,
@@ -28,6 +29,7 @@ from quantmatrix.schema.model import (
     Scheme,
     Selector,
     Waiver,
+    is_glob,
 )
 from quantmatrix.schema.synthetic import SyntheticSpec
 from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, TIERS, VLLM_PARTS
@@ -50,6 +52,11 @@ from quantmatrix.schema.yamldoc import (
 def _nodes(help_text: str, required: bool = True) -> Field:
     return Field(lambda d, n, w: tuple(d.sequence(n, w)), help_text, required=required, default=())
 
+
+# Where a checkout keeps its matrix files, and the one a run reads when it is named none (the plugin under its
+# rootdir, the CLI under the checkout).
+MATRICES = Path("matrices")
+DEFAULT_MATRIX = MATRICES / "default.yaml"
 
 # libyaml's parser when PyYAML has it (8x faster on a big matrix), with the same safe node graph and marks.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -158,9 +165,11 @@ def _schemes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, Scheme]:
             "label": Field(as_text, "human label"),
             "expect": Field(fields.expect, "default expectations of its checkpoints", required=False,
                             default=dict),
+            "factory": Field(one_of(FACTORY_SCHEMES), "the factory scheme its synthetic checkpoints are built as",
+                             required=False),
         })
         _unique(doc, seen, r["name"], r["@name"], "scheme")
-        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"])
+        schemes[r["name"]] = Scheme(r["name"], r["marker"], r["label"], r["expect"], r["factory"])
     return schemes
 
 
@@ -232,7 +241,12 @@ def _checkpoint(doc: Doc, node: yaml.Node, i: int, schemes: Mapping[str, Scheme]
         raise doc.error(r["@scheme"], f"{what}.scheme: unknown scheme {r['scheme']!r}"
                                       f"{closest(r['scheme'], schemes)}; known: {', '.join(schemes)}")
     if r["source"].kind == "synthetic":
-        problem = SyntheticSpec(producer=r["producer"], scheme=r["scheme"], **r["source"].value).problem()
+        scheme = schemes[r["scheme"]]
+        if scheme.factory is None:
+            raise doc.error(r["@scheme"], f"{what}.scheme: scheme {scheme.name!r} has no `factory:` (the factory "
+                                          "scheme a synthetic checkpoint of it is built as: one of "
+                                          f"{', '.join(FACTORY_SCHEMES)})")
+        problem = SyntheticSpec(producer=r["producer"], scheme=scheme.factory, **r["source"].value).problem()
         if problem:
             raise doc.error(r["@source"], f"{what}.source.synthetic: {problem}")
     return Checkpoint(r["id"], r["source"], r["producer"], schemes[r["scheme"]], r["expect"], r["label"],
@@ -288,7 +302,7 @@ class _Selectors:
         sel, nodes = fields.selector(self.doc, node, what)
         for key, pats in sel.patterns.items():
             for p in pats:
-                if not any(ch in p for ch in "*?[") and p not in self.known[key]:
+                if not is_glob(p) and p not in self.known[key]:
                     raise self.doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}"
                                                      f"{closest(p, self.known[key])}")
         return sel

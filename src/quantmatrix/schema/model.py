@@ -59,6 +59,7 @@ class Scheme:
     marker: str
     label: str
     expect: Mapping[str, Any]
+    factory: str | None = None  # the factory scheme (schema.factory.SCHEMES) its synthetic checkpoints are built as
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +182,7 @@ class Selector:
 
     def __post_init__(self) -> None:
         # per axis: the names without glob characters as a set (one lookup), the globs to fnmatch
-        compiled = tuple((key, frozenset(p for p in pats if not _is_glob(p)), tuple(p for p in pats if _is_glob(p)))
+        compiled = tuple((key, frozenset(p for p in pats if not is_glob(p)), tuple(p for p in pats if is_glob(p)))
                          for key, pats in self.patterns.items())
         object.__setattr__(self, "_compiled", compiled)
 
@@ -195,7 +196,8 @@ class Selector:
         return True
 
 
-def _is_glob(pattern: str) -> bool:
+def is_glob(pattern: str) -> bool:
+    """Whether a selector value is a pattern (fnmatch) rather than a name that must exist."""
     return any(ch in pattern for ch in "*?[")
 
 

@@ -2,18 +2,21 @@
 
 Every ambiguous shape the dispatch checks must cover (input_activations null / missing / empty, config_groups
 empty or missing, the legacy hf_quant_config.json form) is a flag here, so a new shape is a matrix edit. The
-factory (checkpoints.configs, checkpoints.export) turns a spec into files.
+factory (checkpoints.store) turns a spec into files through the scheme and producer modules schema.factory names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from quantmatrix.schema.factory import FORMS as _FORMS
+from quantmatrix.schema.factory import PRODUCERS, SCHEMES, FactoryScheme
+
 MODELS = ("qwen3_moe", "mixtral")
 # cpu_tiny runs on CPU paths only; gpu_tiny has hidden/intermediate multiples of 128, as Marlin and the
 # CUTLASS/TRT-LLM NVFP4 MoE kernels require.
 SIZES = ("cpu_tiny", "gpu_tiny")
-FORMS = ("config_json", "legacy")
+FORMS = tuple(_FORMS)
 INPUT_ACTIVATIONS = ("quantized", "null", "missing", "empty")
 CONFIG_GROUPS = ("present", "empty", "missing")
 QUANTIZE = ("experts", "experts_attention")
@@ -25,7 +28,8 @@ FAULTS = ("zero", "inf", "nan", "shape")
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticSpec:
-    """What to generate; producer and scheme come from the matrix checkpoint, the rest from `synthetic:`."""
+    """What to generate. `producer` is the matrix checkpoint's, `scheme` the factory scheme its matrix scheme names
+    (`factory:`, a key of schema.factory.SCHEMES); the rest comes from `synthetic:`."""
 
     producer: str
     scheme: str
@@ -42,20 +46,36 @@ class SyntheticSpec:
     corrupt_tensors: tuple[tuple[str, str], ...] = ()  # (glob, fault) pairs
 
     @property
+    def factory(self) -> FactoryScheme:
+        return SCHEMES[self.scheme]
+
+    @property
     def activations(self) -> str:
-        if self.input_activations is not None:
-            return self.input_activations
-        return "quantized" if self.scheme == "nvfp4_w4a4" else "null"
+        return self.input_activations if self.input_activations is not None else self.factory.activations
+
+    @property
+    def with_input_scales(self) -> bool:
+        """Whether the export holds input-scale tensors (`auto`: exactly when the scheme quantizes activations
+        with static scales: its kind, not its config)."""
+        return {"auto": self.factory.input_scales, "present": True, "absent": False}[self.input_scales]
 
     def problem(self) -> str | None:
         """Why no producer would write this combination, or None."""
-        if self.form == "legacy" and self.producer != "modelopt":
-            return "form 'legacy' (hf_quant_config.json) exists only for producer modelopt"
-        if self.quant_algo is not None and self.producer != "modelopt":
-            return f"quant_algo is a ModelOpt key; producer is {self.producer!r}"
-        if (self.scheme == "bf16") != (self.producer == "none"):
-            return "scheme bf16 goes with producer none (and only it)"
-        if self.producer == "none" and (self.omit_tensors or self.input_scales != "auto"):
-            return ("omit_tensors and input_scales act on NVFP4 tensors; a bf16 checkpoint has none "
+        if self.scheme not in SCHEMES:
+            return f"factory scheme {self.scheme!r} is none of {', '.join(SCHEMES)}"
+        producer, module = PRODUCERS[self.producer], self.factory.module
+        if module not in producer.writes:
+            makers = [p for p, d in PRODUCERS.items() if module in d.writes]
+            return (f"producer {self.producer!r} writes no {module} checkpoints (it writes "
+                    f"{', '.join(producer.writes)}); a {self.scheme} one comes from {', '.join(makers)}")
+        if self.form not in producer.forms:
+            owners = [p for p, d in PRODUCERS.items() if self.form in d.forms]
+            return f"form {self.form!r} ({_FORMS[self.form]}) exists only for producer {', '.join(owners)}"
+        for key in sorted({k for d in PRODUCERS.values() for k in d.keys} - set(producer.keys)):
+            if getattr(self, key) is not None:
+                owners = [p for p, d in PRODUCERS.items() if key in d.keys]
+                return f"{key} is a key of producer {', '.join(owners)} only; producer is {self.producer!r}"
+        if not self.factory.quantized and (self.omit_tensors or self.input_scales != "auto"):
+            return (f"omit_tensors and input_scales act on quantized tensors; a {self.scheme} checkpoint has none "
                     "(corrupt_tensors works on its bf16 weights)")
         return None

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 
-PRODUCERS = ("modelopt", "compressed-tensors", "none")
+from quantmatrix.schema import factory
+
+PRODUCERS = tuple(factory.PRODUCERS)  # who made a checkpoint; the factory writes each (schema.factory)
 TIERS = ("cpu", "gpu")
 VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
-# What an NVFP4 MoE kernel can read; vLLM's parameter names map onto these in adapter.roles.
+# What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
 ACTIVATION_SCALES = ("read", "not_read", "any")
 AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused")

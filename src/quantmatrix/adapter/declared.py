@@ -1,0 +1,154 @@
+"""What a checkpoint's quantization config declares about its activations, read the way vLLM reads it: the one
+classifier the lint, the config-dispatch case and the production guard share.
+
+vLLM (0.28 to 0.32, measured in tests/test_declared_vllm.py) reads config.json's `quantization_config`, else the
+legacy hf_quant_config.json, and decides:
+- ModelOpt (`quant_method` starting with "modelopt", any case): `quant_algo` upper-cased; W4A16_NVFP4 is
+  weight-only; NVFP4 is promoted to weight-only only when `config_groups` is a non-empty mapping whose every group
+  is a mapping with `input_activations` None or absent (ModelOptNvFp4Config._from_config); else W4A4.
+- compressed-tensors: a group quantizes activations when its `input_activations` is truthy (an empty mapping,
+  null or no key is weight-only: CompressedTensorsConfig._quantization_scheme_map_from_config); no group at all
+  quantizes nothing (every Linear gets UnquantizedLinearMethod).
+Pure data in, data out: no vLLM import, so the lint reads a checkpoint with no vLLM installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from quantmatrix.errors import AdapterMismatch
+
+# ModelOpt's NVFP4 quant_algo values, as vLLM upper-cases them, and what each declares before any promotion.
+MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
+CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
+
+
+def group_activations(group: Any) -> str:
+    """One config group's input_activations: null, missing, empty, quantized, not-a-mapping (the group itself),
+    or `unexpected <type>` (a value that is neither None nor a mapping)."""
+    if not isinstance(group, Mapping):
+        return "not-a-mapping"
+    if "input_activations" not in group:
+        return "missing"
+    acts = group["input_activations"]
+    if acts is None:
+        return "null"
+    if isinstance(acts, Mapping):
+        return "quantized" if acts else "empty"
+    return f"unexpected {type(acts).__name__}"
+
+
+def _modelopt_says_none(group: Any) -> bool:
+    """ModelOptNvFp4Config._from_config: `isinstance(group, dict) and group.get("input_activations") is None`."""
+    return isinstance(group, Mapping) and group.get("input_activations") is None
+
+
+def _ct_quantizes(group: Any) -> bool:
+    """compressed-tensors: a truthy input_activations is validated as activation quantization args."""
+    return isinstance(group, Mapping) and bool(group.get("input_activations"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """A quantization config in vLLM's reading.
+
+    `producer`: modelopt | compressed-tensors | none (no quant_method: vLLM reads no quantization) | the
+    quant_method as written (one vLLM's NVFP4 readers do not claim). `scheme`: weight_only | w4a4 | unquantized, or
+    None where the config is not NVFP4 (`algo` / `format` say what it is instead). `groups`: each config group's
+    input_activations (group_activations), in order; `groups_shape` is "present", "empty", "missing" or "a <type>"
+    (config_groups that is not a mapping).
+    `disagree`: the groups differ on the one question the producer's rule asks."""
+
+    producer: str
+    scheme: str | None
+    algo: str | None = None
+    format: str | None = None
+    groups: tuple[tuple[str, str], ...] = ()
+    groups_shape: str = "missing"
+    disagree: bool = False
+
+    def groups_text(self) -> str:
+        """`g input_activations null, h input_activations quantized`, or what stands in for the groups."""
+        if self.groups:
+            return ", ".join(f"{name} input_activations {acts}" for name, acts in self.groups)
+        if self.groups_shape in ("missing", "empty"):
+            return f"config_groups {self.groups_shape}"
+        return f"config_groups is {self.groups_shape}"
+
+
+def _groups(qc: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    if "config_groups" not in qc:
+        return {}, "missing"
+    groups = qc["config_groups"]
+    if groups is not None and not isinstance(groups, Mapping):
+        return {}, f"a {type(groups).__name__}"
+    return dict(groups or {}), "present" if groups else "empty"
+
+
+def producer_of(qc: Mapping[str, Any]) -> str:
+    """Which of vLLM's readers claims the config: its quant_method lower-cased (compressed_tensors spelled with
+    a dash, every modelopt* method as modelopt); no method at all is none."""
+    method = str(qc.get("quant_method", "") or "").lower().replace("compressed_tensors", "compressed-tensors")
+    if method.startswith("modelopt"):
+        return "modelopt"
+    return method or "none"
+
+
+def modelopt_algo(qc: Mapping[str, Any]) -> str | None:
+    """ModelOpt's quant_algo, upper-cased as vLLM reads it: the legacy file's `quantization.quant_algo`, else the
+    config's own; None when there is none."""
+    inner = qc.get("quantization")
+    algo = inner.get("quant_algo") if isinstance(inner, Mapping) else qc.get("quant_algo")
+    return str(algo).upper() if algo else None
+
+
+def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
+    """vLLM's reading of one quantization config: config.json's quantization_config, or (`legacy`) the whole
+    hf_quant_config.json, ModelOpt's own file (vLLM looks for config_groups at its top level too)."""
+    if qc is None:
+        return Declaration("none", "unquantized")
+    groups, shape = _groups(qc)
+    acts = tuple((str(name), group_activations(g)) for name, g in groups.items())
+    producer = "modelopt" if legacy else producer_of(qc)
+    if producer == "modelopt":
+        algo = modelopt_algo(qc)
+        says_none = [_modelopt_says_none(g) for g in groups.values()]
+        scheme = MODELOPT_ALGOS.get(algo or "")
+        if algo == "NVFP4" and says_none and all(says_none):
+            scheme = "weight_only"
+        return Declaration(producer, scheme, algo, None, acts, shape, any(says_none) and not all(says_none))
+    if producer == "compressed-tensors":
+        fmt = qc.get("format")
+        quantized = [_ct_quantizes(g) for g in groups.values()]
+        scheme = None if fmt != CT_NVFP4_FORMAT else (
+            "unquantized" if not groups else "w4a4" if any(quantized) else "weight_only")
+        return Declaration(producer, scheme, None, fmt if isinstance(fmt, str) else None, acts, shape,
+                           any(quantized) and not all(quantized))
+    # no method at all: vLLM finds no quantization config and builds every layer unquantized
+    return Declaration(producer, "unquantized" if producer == "none" else None, None, None, acts, shape)
+
+
+def quantization_config(model_config: Any) -> Mapping[str, Any] | None:
+    """The quantization config vLLM read for a model (its ModelConfig), in get_quant_config's order: the HF
+    config's quantization_config (where vLLM also puts a legacy hf_quant_config.json), its text_config's, then a
+    compressed-tensors compression_config."""
+    hf = getattr(model_config, "hf_config", None)
+    if hf is None:
+        raise AdapterMismatch(f"{type(model_config).__name__} has no hf_config: update quantmatrix/adapter/declared.py")
+    qc = getattr(hf, "quantization_config", None)
+    text = getattr(hf, "text_config", None)
+    if qc is None and text is not None:
+        qc = getattr(text, "quantization_config", None)
+    if qc is None:
+        qc = getattr(hf, "compression_config", None)
+    if qc is not None and not isinstance(qc, Mapping):
+        raise AdapterMismatch(f"vLLM keeps the model's quantization config as a {type(qc).__name__}, not a dict: "
+                              "update quantmatrix/adapter/declared.py")
+    return qc
+
+
+def of_model(model_config: Any) -> Declaration:
+    """What the model vLLM is loading declares (the guard asks, beside what the layers' methods were built as)."""
+    return declare(quantization_config(model_config))

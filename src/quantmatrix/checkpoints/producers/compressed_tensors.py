@@ -1,0 +1,108 @@
+"""compressed-tensors (llm-compressor's format) as a producer: its names, its NVFP4 recipe and calibration, and
+its `quantization_config`, built by the compressed-tensors package itself.
+
+NVFP4 (nvfp4-pack-quantized): <m>.weight_packed U8, <m>.weight_scale F8_E4M3, <m>.weight_global_scale F32 [1]
+= 6*448/amax (the inverse of the dequant multiplier: vLLM inverts it), <m>.input_global_scale F32 [1].
+Calibration sends every token through every expert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from quantmatrix.checkpoints.configs import config_groups, excluded_modules
+from quantmatrix.schema.synthetic import SyntheticSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from quantmatrix.checkpoints.schemes.nvfp4 import Quantized
+
+# compressed-tensors replaces a zero block scale by the E4M3 "eps" it uses (calculate_qparams).
+_ZERO_SCALE = 0.125
+LEAVES = {"nvfp4": {"weight": "weight_packed", "block_scale": "weight_scale", "global_scale": "weight_global_scale",
+                    "input_scale": "input_global_scale"}}
+# Per scheme module: the package's preset with quantized activations, the weight-only one, and the format.
+_PRESETS = {"nvfp4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized")}
+
+
+def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' `generate_gparam`: 6 * 448 / amax computed in amax's own dtype (llm-compressor's
+    observers hand it bf16 for bf16 models), non-finite -> 1.0, stored as float32 shape [1]."""
+    import torch
+
+    from quantmatrix.checkpoints.schemes.nvfp4 import E2M1_MAX, E4M3_MAX
+
+    amax = torch.clamp(amax, min=torch.finfo(amax.dtype).tiny)
+    gs = torch.nan_to_num(E4M3_MAX * E2M1_MAX / amax, nan=1.0, posinf=1.0, neginf=1.0)
+    return gs.to(torch.float32).reshape([1])
+
+
+def nvfp4_quantize(w: torch.Tensor, global_scale: torch.Tensor) -> Quantized:
+    """compressed-tensors' calculate_qparams + quantize for NVFP4 (strategy tensor_group): block scale
+    global_scale * (amax_b / 6) with amax_b in w's dtype, cast to E4M3, zeros -> 0.125; codes of
+    w / (scale / global_scale), clamped to +-6."""
+    import torch
+
+    from quantmatrix.checkpoints.schemes import nvfp4
+
+    b = nvfp4.blocks(w)
+    amax_b = b.abs().amax(-1)
+    scale = global_scale * (amax_b / nvfp4.E2M1_MAX)
+    scale = scale.clamp(-nvfp4.E4M3_MAX, nvfp4.E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    scale = torch.where(scale == 0, torch.tensor(_ZERO_SCALE), scale)
+    scaled = (b / (scale / global_scale).unsqueeze(-1)).clamp(-nvfp4.E2M1_MAX, nvfp4.E2M1_MAX)
+    return nvfp4.finish(scaled, scale, w.shape)
+
+
+class _NVFP4:
+    """compressed-tensors' NVFP4 recipe (schemes.nvfp4.Recipe): it stores the quantizing global scale."""
+
+    @staticmethod
+    def input_amax(amax: Mapping[str, Mapping[str, float]], modules: Sequence[str]) -> dict[str, float]:
+        """Every token through every expert (llm-compressor's calibration)."""
+        return {m: amax[m]["all"] for m in modules}
+
+    global_scale = staticmethod(nvfp4_global_scale)
+    quantize = staticmethod(nvfp4_quantize)
+
+    @staticmethod
+    def decode_scale(stored: torch.Tensor) -> torch.Tensor:
+        """vLLM inverts weight_global_scale before dequantizing."""
+        return 1.0 / stored
+
+
+RECIPES = {"nvfp4": _NVFP4()}
+
+
+def _regex(glob: str) -> str:
+    """A module glob as llm-compressor writes an ignore entry: `re:` and a regex (plain names stay plain)."""
+    return glob if "*" not in glob else "re:" + glob.replace(".", r"\.").replace("*", ".*")
+
+
+def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
+    """`quantization_config` built by the compressed-tensors package itself from its preset for the scheme."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    with_acts, weight_only, fmt = _PRESETS[spec.factory.module]
+    scheme = preset_name_to_scheme(with_acts if spec.activations == "quantized" else weight_only, ["Linear"])
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=[_regex(g) for g in excluded_modules(spec)],
+                            format=fmt, quantization_status="compressed")
+    out = qc.model_dump(mode="json")
+    group = out["config_groups"]["group_0"]
+    if spec.activations == "missing":
+        del group["input_activations"]
+    elif spec.activations == "empty":
+        group["input_activations"] = {}
+    groups = config_groups(spec, group)
+    if groups is None:
+        del out["config_groups"]
+    else:
+        out["config_groups"] = groups
+    return out
+
+
+def config_files(spec: SyntheticSpec, plain: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`plain` with the quantization config in config.json (compressed-tensors has no other form)."""
+    return {**plain, "config.json": {**plain["config.json"], "quantization_config": quantization_config(spec)}}

@@ -1,0 +1,128 @@
+"""ModelOpt (NVIDIA TensorRT Model Optimizer) as a producer: its unified HF export's names, its NVFP4 recipe and
+calibration, and its config files (config.json `quantization_config`, or the legacy hf_quant_config.json).
+
+NVFP4 (unified HF export): <m>.weight U8 [o, i/2], <m>.weight_scale F8_E4M3 [o, i/16],
+<m>.weight_scale_2 F32 [] = amax/(6*448), <m>.input_scale F32 [] (W4A4). Calibration takes each expert's routed
+tokens, then syncs every input amax to the max over the layer's experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from quantmatrix.checkpoints.configs import config_groups, excluded_modules
+from quantmatrix.schema.synthetic import SyntheticSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from quantmatrix.checkpoints.schemes.nvfp4 import Quantized
+
+VERSION = "0.37.0"  # the ModelOpt release the configs claim
+# ModelOpt floors block scales at the smallest E4M3 subnormal so no block scale is ever 0.
+E4M3_MIN_SUBNORMAL = 2.0**-9
+LEAVES = {"nvfp4": {"weight": "weight", "block_scale": "weight_scale", "global_scale": "weight_scale_2",
+                    "input_scale": "input_scale"}}
+# Per scheme module: quant_algo, and the weights' (and quantized activations') config-group arguments.
+_ALGO = {"nvfp4": "NVFP4"}
+_ARGS = {"nvfp4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}}
+
+
+def nvfp4_scale_2(amax: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's `weight_scale_2` / `input_scale`: amax / (6 * 448) in float32, a 0-d tensor."""
+    from quantmatrix.checkpoints.schemes.nvfp4 import E2M1_MAX, E4M3_MAX
+
+    return (amax.float() / (E2M1_MAX * E4M3_MAX)).reshape(())
+
+
+def nvfp4_quantize(w: torch.Tensor, weight_scale_2: torch.Tensor) -> Quantized:
+    """ModelOpt's NVFP4QTensor.quantize: block scale amax_b / (6 * scale_2), all-zero blocks -> 1.0, clamped
+    to [2**-9, 448]; codes of w / (float(scale) * scale_2)."""
+    import torch
+
+    from quantmatrix.checkpoints.schemes import nvfp4
+
+    b = nvfp4.blocks(w)
+    amax_b = b.abs().amax(-1).float()
+    scale = amax_b / (nvfp4.E2M1_MAX * weight_scale_2)
+    scale[scale == 0] = 1.0
+    scale = scale.clamp(min=E4M3_MIN_SUBNORMAL, max=nvfp4.E4M3_MAX).to(torch.float8_e4m3fn)
+    scaled = b / (scale.to(torch.float32) * weight_scale_2).unsqueeze(-1)
+    return nvfp4.finish(scaled, scale, w.shape)
+
+
+def _expert_wildcard(name: str) -> str:
+    head, sep, tail = name.partition(".experts.")
+    return f"{head}.experts.*.{tail.partition('.')[2]}" if sep else name
+
+
+class _NVFP4:
+    """ModelOpt's NVFP4 recipe (schemes.nvfp4.Recipe): it stores the dequant multiplier itself."""
+
+    @staticmethod
+    def input_amax(amax: Mapping[str, Mapping[str, float]], modules: Sequence[str]) -> dict[str, float]:
+        """Routed tokens per expert, then the max over the layer's experts, per projection."""
+        synced: dict[str, float] = {}
+        for m in modules:
+            key = _expert_wildcard(m)
+            synced[key] = max(synced.get(key, 0.0), amax[m]["routed"])
+        return {m: synced[_expert_wildcard(m)] for m in modules}
+
+    global_scale = staticmethod(nvfp4_scale_2)
+    quantize = staticmethod(nvfp4_quantize)
+
+    @staticmethod
+    def decode_scale(stored: torch.Tensor) -> torch.Tensor:
+        return stored
+
+
+RECIPES = {"nvfp4": _NVFP4()}
+
+
+def _group(spec: SyntheticSpec, args: dict[str, Any]) -> dict[str, Any]:
+    group: dict[str, Any] = {"weights": dict(args), "targets": ["Linear"]}
+    acts = spec.activations
+    if acts == "quantized":
+        group["input_activations"] = dict(args)
+    elif acts == "null":
+        group["input_activations"] = None
+    elif acts == "empty":
+        group["input_activations"] = {}
+    return group
+
+
+def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
+    """config.json `quantization_config` as ModelOpt's unified HF exporter writes it."""
+    module = spec.factory.module
+    qc: dict[str, Any] = {
+        "quant_method": "modelopt",
+        "quant_algo": spec.quant_algo or _ALGO[module],
+        "producer": {"name": "modelopt", "version": VERSION},
+        "ignore": excluded_modules(spec),
+    }
+    groups = config_groups(spec, _group(spec, _ARGS[module]))
+    if groups is not None:
+        qc["config_groups"] = groups
+    return qc
+
+
+def hf_quant_config(spec: SyntheticSpec) -> dict[str, Any]:
+    """Legacy hf_quant_config.json: no config_groups, so it cannot say "weight-only" except by quant_algo."""
+    module = spec.factory.module
+    return {
+        "producer": {"name": "modelopt", "version": VERSION},
+        "quantization": {
+            "quant_algo": spec.quant_algo or _ALGO[module],
+            "kv_cache_quant_algo": None,
+            "group_size": _ARGS[module]["group_size"],
+            "exclude_modules": excluded_modules(spec),
+        },
+    }
+
+
+def config_files(spec: SyntheticSpec, plain: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`plain` with the quantization config in config.json, or beside it in hf_quant_config.json (form legacy)."""
+    if spec.form == "legacy":
+        return {**plain, "hf_quant_config.json": hf_quant_config(spec)}
+    return {**plain, "config.json": {**plain["config.json"], "quantization_config": quantization_config(spec)}}

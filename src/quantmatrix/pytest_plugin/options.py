@@ -1,0 +1,87 @@
+"""Every flag the plugin adds, each with its one validation, and the run id the CLI hands a run: one table, read
+once into the frozen Settings (pytest_plugin.settings). `quantmatrix detect` takes --vllm-health-timeout from
+here too, so this module imports no pytest (the CLI never loads it); a bad value is an OptionError naming its
+flag, which pytest shows as a usage error and the CLI as exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from quantmatrix.errors import OptionError
+from quantmatrix.schema.load import DEFAULT_MATRIX
+
+RUN_ID_ENV = "QUANTMATRIX_RUN_ID"  # set by `quantmatrix run`, stamped into the JUnit file
+
+
+def _text(flag: str, value: str) -> str:
+    return value
+
+
+def _arch(flag: str, value: str) -> str:
+    if not value.strip():
+        raise OptionError(f"{flag} needs a name from the matrix, e.g. {flag} sm120 or {flag} gb10")
+    return value.strip()
+
+
+def _seconds(flag: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise OptionError(f"{flag} needs a positive number of seconds, not {value!r}")
+    return seconds
+
+
+def _gpus(flag: str, value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise OptionError(f"{flag} needs a whole number of GPUs >= 1, not {value!r}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One command-line flag: `parse` None makes it a switch (store_true)."""
+
+    name: str
+    help: str
+    parse: Callable[[str, str], Any] | None = None
+    default: Any = None
+    metavar: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+    def value(self, given: str | None) -> Any:
+        """The flag's value from its text (validated), or its default when it was not given."""
+        return self.default if given is None or self.parse is None else self.parse(self.name, given)
+
+
+MATRIX_HELP = f"matrix YAML file (default: {DEFAULT_MATRIX} under the rootdir)"
+MATRIX = Flag("--matrix", MATRIX_HELP, _text, metavar="FILE")
+ARCH = Flag("--arch", "treat this host as arch NAME (name or alias) instead of detecting its GPUs", _arch,
+            metavar="NAME")
+STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cases whose arch this host lacks "
+                                            "(for a runner that is supposed to have that GPU)")
+STRICT_CHECKPOINTS = Flag("--strict-checkpoints", "fail, instead of skip, cases whose hub checkpoint is not in the "
+                                                  "local HF cache (for a runner that is supposed to hold them: see "
+                                                  "`quantmatrix fetch`)")
+_HEALTH_S = 120.0
+HEALTH_TIMEOUT = Flag("--vllm-health-timeout", "time limit of the one-per-session check that the vLLM under test "
+                                               f"imports (default {_HEALTH_S:g})", _seconds, _HEALTH_S, "S")
+GPUS_PER_WORKER = Flag("--gpus-per-worker", "under pytest-xdist, pin each worker to its own N GPUs with "
+                                            "CUDA_VISIBLE_DEVICES (worker gwK gets GPUs K*N .. K*N+N-1 of those "
+                                            "visible); run with -n <GPUs / N>", _gpus, metavar="N")
+TIME_LIMIT = Flag("--time-limit", "after S seconds, skip every case not yet started as 'not run' (the JUnit file "
+                                  "is still written; the report counts those cases as untested)", _seconds,
+                  metavar="S")
+UPDATE_REFERENCES = Flag("--update-references", "write the e2e references (outputs, accuracies) of the selected "
+                                                "cases from this trusted run, then check against them; without it "
+                                                "a missing reference fails its case")
+
+FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, GPUS_PER_WORKER, TIME_LIMIT,
+         UPDATE_REFERENCES)

@@ -1,0 +1,49 @@
+"""The synthetic factory's plug-ins as a matrix names them: factory schemes (what a matrix scheme's `factory:` says)
+and producers, each with the module that implements it and what the matrix loader checks against it.
+
+A new scheme or producer is one line here plus its module: checkpoints/schemes/<module>.py (how bf16 weights become
+the format's tensors) or checkpoints/producers/<module>.py (how a producer names, packs and declares them). The
+schema cannot import those modules (they are further down the data path), so the words live here and the factory
+resolves the modules by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryScheme:
+    """One factory scheme: the scheme module that encodes it and what its checkpoints declare by default."""
+
+    module: str  # quantmatrix.checkpoints.schemes.<module>
+    quantized: bool = True  # False: the family's bf16 weights as they are (no scales to omit or add)
+    activations: str = "null"  # every config group's input_activations unless the spec says otherwise
+    input_scales: bool = False  # whether `input_scales: auto` writes input-scale tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryProducer:
+    """One producer: its module, the scheme modules it has names and a recipe for, its config forms and the
+    synthetic keys only it reads."""
+
+    module: str  # quantmatrix.checkpoints.producers.<module>
+    writes: tuple[str, ...]
+    forms: tuple[str, ...] = ("config_json",)
+    keys: tuple[str, ...] = ()
+
+
+SCHEMES = {
+    "bf16": FactoryScheme("bf16", quantized=False),
+    "nvfp4_weight_only": FactoryScheme("nvfp4"),
+    "nvfp4_w4a4": FactoryScheme("nvfp4", activations="quantized", input_scales=True),
+}
+PRODUCERS = {
+    "modelopt": FactoryProducer("modelopt", writes=("nvfp4",), forms=("config_json", "legacy"), keys=("quant_algo",)),
+    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4",)),
+    "none": FactoryProducer("none", writes=("bf16",)),
+}
+# Where a producer's quantization config lives (`synthetic: {form: ...}`).
+FORMS = {"config_json": "config.json quantization_config", "legacy": "hf_quant_config.json"}
+# The (producer, factory scheme) of a family's bf16 member, which every quantized variant is made from.
+UNQUANTIZED = ("none", "bf16")

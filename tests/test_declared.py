@@ -1,0 +1,87 @@
+"""adapter.declared without vLLM: the words for each config group's activations (the one vocabulary the lint,
+config dispatch and the guard print), the groups' disagreement, and where the guard finds a model's quantization
+config. tests/test_declared_vllm.py holds the same classifier against vLLM's real resolution."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from quantmatrix.adapter import declared
+from quantmatrix.adapter.declared import Declaration, declare, group_activations
+from quantmatrix.errors import AdapterMismatch
+
+
+@pytest.mark.parametrize(("group", "words"), [
+    ({"input_activations": None}, "null"),
+    ({"targets": ["Linear"]}, "missing"),
+    ({"input_activations": {}}, "empty"),
+    ({"input_activations": {"num_bits": 4}}, "quantized"),
+    (3, "not-a-mapping"),
+    (None, "not-a-mapping"),
+    ({"input_activations": [1]}, "unexpected list"),
+    ({"input_activations": ""}, "unexpected str"),
+])
+def test_each_group_shape_has_one_name(group, words):
+    assert group_activations(group) == words
+
+
+@pytest.mark.parametrize(("qc", "text"), [
+    ({"quant_method": "modelopt", "config_groups": {"a": None, "b": {}}},
+     "a input_activations not-a-mapping, b input_activations missing"),
+    ({"quant_method": "modelopt"}, "config_groups missing"),
+    ({"quant_method": "modelopt", "config_groups": None}, "config_groups empty"),
+    ({"quant_method": "modelopt", "config_groups": {}}, "config_groups empty"),
+    ({"quant_method": "modelopt", "config_groups": "x"}, "config_groups is a str"),
+])
+def test_the_groups_in_words(qc, text):
+    assert declare(qc).groups_text() == text
+
+
+def test_groups_disagree_on_the_question_their_producer_asks():
+    """ModelOpt asks "is it None?" (an empty mapping is not), compressed-tensors "is it truthy?" (it is not)."""
+    groups = {"a": {"input_activations": None}, "b": {"input_activations": {}}}
+    mo = declare({"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": groups})
+    assert (mo.scheme, mo.disagree) == ("w4a4", True)
+    ct = declare({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": groups})
+    assert (ct.scheme, ct.disagree) == ("weight_only", False)
+
+
+@pytest.mark.parametrize(("qc", "producer", "scheme", "algo"), [
+    ({"quant_method": "modelopt_fp4", "quantization": {"quant_algo": "nvfp4"}}, "modelopt", "w4a4", "NVFP4"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "modelopt", None, "FP8"),
+    ({"quant_method": "modelopt"}, "modelopt", None, None),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "compressed-tensors", None, None),
+    ({"quant_method": "GPTQ"}, "gptq", None, None),
+    ({"quant_method": ""}, "none", "unquantized", None),
+])
+def test_what_is_not_nvfp4_has_no_scheme(qc, producer, scheme, algo):
+    d = declare(qc)
+    assert (d.producer, d.scheme, d.algo) == (producer, scheme, algo)
+
+
+def test_no_quantization_config_is_unquantized():
+    assert declare(None) == Declaration("none", "unquantized")
+
+
+def _model(hf: object) -> SimpleNamespace:
+    """A stand-in for vLLM's ModelConfig holding only `hf_config` (the real one is read in test_declared_vllm)."""
+    return SimpleNamespace(hf_config=hf)
+
+
+def test_the_guard_finds_the_config_in_vllms_order_stand_in_model_config():
+    weight_only = {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4"}
+    w4a4 = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    text = SimpleNamespace(quantization_config=weight_only)
+    assert declared.of_model(_model(SimpleNamespace(quantization_config=w4a4, text_config=text))).scheme == "w4a4"
+    assert declared.of_model(_model(SimpleNamespace(text_config=text))).scheme == "weight_only"
+    assert declared.of_model(_model(SimpleNamespace(compression_config=w4a4))).scheme == "w4a4"
+    assert declared.of_model(_model(SimpleNamespace())).scheme == "unquantized"
+
+
+def test_a_model_config_vllm_moved_is_an_adapter_mismatch_stand_in_model_config():
+    with pytest.raises(AdapterMismatch, match="SimpleNamespace has no hf_config"):
+        declared.of_model(SimpleNamespace())
+    with pytest.raises(AdapterMismatch, match="quantization config as a list, not a dict"):
+        declared.of_model(_model(SimpleNamespace(quantization_config=[1])))
