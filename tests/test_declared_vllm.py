@@ -14,11 +14,12 @@ import pytest
 
 from quantmatrix.adapter import config, declared
 from quantmatrix.checkpoints import configs, lint
+from quantmatrix.checkpoints.producers import compressed_tensors
 from quantmatrix.checks import dispatch
 from quantmatrix.schema.synthetic import SyntheticSpec
 
-MODEL = configs.model_config(SyntheticSpec("none", "bf16"))  # a tiny Qwen3-MoE config.json, unquantized
-CT = configs.compressed_tensors_quantization_config(SyntheticSpec("compressed-tensors", "nvfp4_w4a4"))
+MODEL = configs.model_config("qwen3_moe", "cpu_tiny")  # a tiny Qwen3-MoE config.json, unquantized
+CT = compressed_tensors.quantization_config(SyntheticSpec("compressed-tensors", "nvfp4_w4a4"))
 CT_GROUP = CT["config_groups"]["group_0"]
 MODELOPT_PRODUCER = {"name": "modelopt", "version": "0.31.0"}
 
