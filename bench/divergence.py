@@ -25,8 +25,8 @@ from typing import Any
 
 from quantmatrix.checkpoints import store
 from quantmatrix.checks import quality
-from quantmatrix.engine import references
 from quantmatrix.engine import runner as engine
+from quantmatrix.measure import hf
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Cell
 from quantmatrix.schema.synthetic import SyntheticSpec
@@ -87,7 +87,7 @@ def _line(label: str, rows: list[dict[str, Any]]) -> str:
 
 
 def _transformers(model: Path, prompts: Sequence[str]) -> list[dict[str, Any]]:
-    return references.transformers_greedy(model, prompts, MATRIX.e2e.max_tokens, RANKS)["outputs"]
+    return hf.transformers_greedy(model, prompts, MATRIX.e2e.max_tokens, RANKS)["outputs"]
 
 
 MATRIX = load(ROOT / "matrices" / "default.yaml")

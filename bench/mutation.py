@@ -31,7 +31,8 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/quality.py": ["tests/test_oracle_branches.py", "tests/test_verdict_branches.py"],
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
     "src/quantmatrix/checks/audit.py": ["tests/test_audit_branches.py"],
-    "src/quantmatrix/checks/findings.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/measure/findings.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/measure/loaded.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checks/expected.py": ["tests/test_audit_branches.py", "tests/test_lint_branches.py"],
     "src/quantmatrix/adapter/roles.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checkpoints/producers/__init__.py": [
@@ -46,8 +47,14 @@ MODULES: dict[str, list[str]] = {
         "tests/test_checkpoint_verdicts.py", "tests/test_lint_branches.py",
         *(f"tests/test_factory.py::{t}" for t in (
             "test_bf16_checkpoint_records_the_hf_reference",
-            "test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model",
-            "test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways"))],
+            "test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model"))],
+    "src/quantmatrix/measure/dequant.py": [
+        "tests/test_checkpoint_verdicts.py",
+        "tests/test_factory.py::test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways"],
+    "src/quantmatrix/measure/hf.py": [
+        *(f"tests/test_factory.py::{t}" for t in (
+            "test_bf16_checkpoint_records_the_hf_reference",
+            "test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model"))],
 }
 COPY = ("src", "tests", "suites", "matrices", "references", "conftest.py", "pyproject.toml")
 KILLED = {"killed", "timeout"}

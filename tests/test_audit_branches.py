@@ -1,5 +1,5 @@
 """Every branch of the post-load audit's verdicts (checks.audit) and of the layer judgement it shares with the
-guard (checks.findings), each threshold at its boundary (zero, negative and non-finite scales, one expert row):
+guard (measure.findings), each threshold at its boundary (zero, negative and non-finite scales, one expert row):
 hand-built parameters, masks and findings, no vLLM engine. The cases, expectations and backends are the default
 matrix's own."""
 
@@ -15,8 +15,9 @@ from quantmatrix import properties as P
 from quantmatrix.adapter.layers import LayerBuild, MoELayer
 from quantmatrix.adapter.roles import checkpoint_names
 from quantmatrix.checkpoints.producers import role_of
-from quantmatrix.checks import audit, findings
-from quantmatrix.checks.audit import AuditReport, Finding
+from quantmatrix.checks import audit
+from quantmatrix.measure import findings, loaded
+from quantmatrix.measure.loaded import AuditReport, Finding
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import TensorFinding
 
@@ -51,10 +52,10 @@ def test_describe_names_one_expert_several_experts_or_none_and_the_detail():
 
 
 def test_ranges_sorts_and_joins_runs():
-    assert audit._ranges([]) == ""
-    assert audit._ranges([4]) == "4"
-    assert audit._ranges([5, 3, 4, 9, 1]) == "1,3-5,9"
-    assert audit._ranges([0, 1]) == "0-1"
+    assert loaded._ranges([]) == ""
+    assert loaded._ranges([4]) == "4"
+    assert loaded._ranges([5, 3, 4, 9, 1]) == "1,3-5,9"
+    assert loaded._ranges([0, 1]) == "0-1"
 
 
 def test_report_splits_read_holes_unusable_values_and_notes():
@@ -203,10 +204,11 @@ def _build(backend: str = "VLLM_CUTLASS") -> LayerBuild:
 def test_no_layer_is_a_skip_when_the_matrix_expects_a_refusal_else_a_failure(matrix):
     rejected = case_for(matrix, "qwen3moe-tiny-nvfp4-w4a16-legacy", "post_load_audit")
     v = audit.audit_verdict(rejected, LayerBuild(None, "ValueError: no"), matrix.moe_backends, None)
-    assert v.problem is None and v.skip.startswith("vLLM refuses this config, as the matrix expects")
+    assert v.problem is None and v.reason.startswith("vLLM refuses this config, as the matrix expects")
     sound = case_for(matrix, "qwen3moe-tiny-nvfp4-w4a4", "post_load_audit")
     v = audit.audit_verdict(sound, LayerBuild(None, "ValueError: no"), matrix.moe_backends, None)
-    assert v.problem == "no MoE layer to audit: vLLM refused to build it (ValueError: no)" and v.skip is None
+    assert v.message == ("qwen3moe-tiny-nvfp4-w4a4@sm121-default post_load_audit: no MoE layer to audit: vLLM "
+                         "refused to build it (ValueError: no)") and v.reason is None
 
 
 def test_an_undescribed_backend_or_a_missing_report_fails(matrix):
@@ -224,13 +226,14 @@ def test_the_verdict_judges_against_the_matrix_expectation_for_the_arch_and_reco
     v = audit.audit_verdict(case_for(matrix, ck, "post_load_audit"), _build(), matrix.moe_backends,
                             _report(*PLANTED, *notes))
     assert v.problem is None
-    assert v.properties == [(P.MOE_BACKEND, "VLLM_CUTLASS"),
+    assert v.properties == ((P.MOE_BACKEND, "VLLM_CUTLASS"),
                             (P.UNLOADED_UNREAD, f"{notes[0].describe()}; {notes[2].describe()}"),
-                            (P.AUDIT_NOTES, f"{notes[1].describe()}; {notes[3].describe()}")]
+                            (P.AUDIT_NOTES, f"{notes[1].describe()}; {notes[3].describe()}"))
     sm90 = audit.audit_verdict(case_for(matrix, ck, "post_load_audit", "sm90"), _build("MARLIN"),
                                matrix.moe_backends, _report(*PLANTED))
-    assert "nonfinite" in sm90.problem and sm90.problem.startswith(
-        f"{ck} (modelopt, nvfp4_w4a4) on sm90")  # Marlin reads no input_scale: that finding is not expected
+    # Marlin reads no input_scale: that finding is not expected
+    assert "nonfinite" in sm90.problem and sm90.message.startswith(
+        f"{ck}@sm90-default post_load_audit: modelopt nvfp4_w4a4 on sm90")
     weight_only = audit.audit_verdict(case_for(matrix, "qwen3moe-tiny-nvfp4-weight-only", "post_load_audit"),
                                       _build(), matrix.moe_backends, _report(_f("w2_input_scale", "unloaded", (0,))))
     assert "weight-only checkpoint routed to a W4A4 fused-MoE backend" in weight_only.problem
@@ -298,7 +301,7 @@ def _judge(params: dict[str, torch.Tensor], unloaded: dict[str, torch.Tensor] | 
            reads: frozenset[str] = READS, single: bool = False, n: int = 2, extra=()) -> AuditReport:
     unloaded = unloaded if unloaded is not None else {k: torch.zeros_like(v, dtype=torch.bool)
                                                       for k, v in params.items()}
-    return findings.judge_layer({EXPERTS + k: v for k, v in params.items()},
+    return findings.measure_layer({EXPERTS + k: v for k, v in params.items()},
                                 {EXPERTS + k: v for k, v in unloaded.items()}, "B", reads, single, n, extra)
 
 

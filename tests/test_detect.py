@@ -94,6 +94,11 @@ def _cell(matrix, arch: str, mode: str) -> Cell:
     return next(c for c in matrix.cells() if c.arch.name == arch and c.mode.name == mode)
 
 
+def _case(matrix, arch: str, mode: str) -> Case:
+    """The small matrix's gpu-tier check on one cell, standing in for device_identity."""
+    return Case(matrix.checks["gpu_probe"], _cell(matrix, arch, mode), None)
+
+
 @pytest.mark.parametrize(("arch", "mode", "seen", "fragment"), [
     ("sm121", "nocache", probe.Seen("NVIDIA GB10", (12, 1), 1, 0), None),
     ("sm121", "default", probe.Seen("NVIDIA GB10", (12, 1), 1, 64 << 20), None),
@@ -105,7 +110,7 @@ def _cell(matrix, arch: str, mode: str) -> Cell:
 ])
 def test_device_identity_verdict_with_probe_results_faked(matrix, arch, mode, seen, fragment):
     """The gpu-tier identity check judges (faked) probe output: exact arch, and the mode's allocator in effect."""
-    problem = hardware.device_verdict(Case(None, _cell(matrix, arch, mode), None), seen).problem
+    problem = hardware.device_verdict(_case(matrix, arch, mode), seen).problem
     assert (problem is None) if fragment is None else (fragment in problem), problem
 
 
@@ -113,9 +118,9 @@ def test_device_identity_records_what_cuda0_is_under_names_the_plugin_does_not_s
     """Each property once per case: the probe's device and capability have names of their own, apart from the
     host's device list (DEVICE_NAME, DEVICE_CAPABILITY) and every other name the plugin puts on each case."""
     seen = probe.Seen("NVIDIA GB10", (12, 1), 1, 0)
-    v = hardware.device_verdict(Case(None, _cell(matrix, "sm121", "nocache"), None), seen)
-    assert v.properties == [(P.PROBED_DEVICE, "NVIDIA GB10"), (P.PROBED_CAPABILITY, "12.1"),
-                            (P.RESERVED_AFTER_FREE, 0)]
+    v = hardware.device_verdict(_case(matrix, "sm121", "nocache"), seen)
+    assert v.properties == ((P.PROBED_DEVICE, "NVIDIA GB10"), (P.PROBED_CAPABILITY, "12.1"),
+                            (P.RESERVED_AFTER_FREE, 0))
     host = detect.Host((detect.Device(0, "NVIDIA GB10", (12, 1)),), "--arch")
     stamped = {name for name, _ in Settings.host_properties(SimpleNamespace(host=host, runner="runner-1"))}
     stamped |= P.CELL_PROPERTIES

@@ -80,10 +80,10 @@ def _config(matrix, ck: str, d: Path, got: Resolution):
 def test_config_verdict_records_what_vllm_decided(matrix, tmp_path):
     got = Resolution("modelopt_fp4", "ModelOptNvFp4Config", "W4A16_NVFP4", "weight_only")
     v = _config(matrix, WO, _write(tmp_path), got)
-    assert v.problem is None and v.skip is None
-    assert v.properties == [(P.CONFIG_SHAPE, SHAPE), (P.QUANT_METHOD, "modelopt_fp4"),
+    assert v.problem is None and v.reason is None
+    assert v.properties == ((P.CONFIG_SHAPE, SHAPE), (P.QUANT_METHOD, "modelopt_fp4"),
                             (P.QUANT_CONFIG_CLASS, "ModelOptNvFp4Config"), (P.RESOLVED_ALGO, "W4A16_NVFP4"),
-                            (P.RESOLVED_SCHEME, "weight_only")]
+                            (P.RESOLVED_SCHEME, "weight_only"))
 
 
 NVFP4_ON_BF16 = "packed NVFP4 weights would be loaded into bf16 layers"
@@ -137,13 +137,13 @@ def _layer(matrix, ck: str, build: LayerBuild, arch: str = "sm121"):
 
 def test_layer_verdict_records_the_method_and_backend(matrix):
     v = _layer(matrix, WO, _build("MARLIN", True))
-    assert v.problem is None and v.properties == [
+    assert v.problem is None and v.properties == (
         (P.MOE_METHOD, "ModelOptNvFp4FusedMoE"), (P.MOE_BACKEND, "MARLIN"), (P.MOE_WEIGHT_ONLY, "true"),
-        (P.LAYER_BUILD_ERROR, "")]
+        (P.LAYER_BUILD_ERROR, ""))
     assert _layer(matrix, W4A4, _build("VLLM_CUTLASS", False)).properties[2] == (P.MOE_WEIGHT_ONLY, "false")
     refused = _layer(matrix, WO, LayerBuild(None, "ValueError: x"))
-    assert refused.properties == [(P.MOE_METHOD, ""), (P.MOE_BACKEND, ""), (P.MOE_WEIGHT_ONLY, ""),
-                                  (P.LAYER_BUILD_ERROR, "ValueError: x")]
+    assert refused.properties == ((P.MOE_METHOD, ""), (P.MOE_BACKEND, ""), (P.MOE_WEIGHT_ONLY, ""),
+                                  (P.LAYER_BUILD_ERROR, "ValueError: x"))
 
 
 @pytest.mark.parametrize(("ck", "build", "message"), [
@@ -188,23 +188,23 @@ def _kernel(matrix, ck: str, build: LayerBuild, kf: KernelFormat | None):
     return kernel.kernel_verdict(case_for(matrix, ck, "kernel_format"), build, matrix.moe_backends, kf)
 
 
-KON = f"{W4A4}@sm121-default (backend VLLM_CUTLASS {ON})"
-WON = f"{WO}@sm121-default (backend MARLIN {ON})"
+KON = f"{W4A4}@sm121-default kernel_format: backend VLLM_CUTLASS {ON}"
+WON = f"{WO}@sm121-default kernel_format: backend MARLIN {ON}"
 
 
 def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
     v = _kernel(matrix, W4A4, _build("VLLM_CUTLASS", False), KernelFormat(None, "Q", GOOD, ("a1_gscale", "a2_gscale")))
-    assert v.problem is None and v.properties == [(P.QUANT_CONFIG, "Q"), (P.ACTIVATION_SCALES_KEPT,
-                                                                          "a1_gscale,a2_gscale")]
+    assert v.problem is None and v.properties == ((P.QUANT_CONFIG, "Q"), (P.ACTIVATION_SCALES_KEPT,
+                                                                          "a1_gscale,a2_gscale"))
     none = _kernel(matrix, WO, _build("MARLIN", True), KernelFormat(None, None))
-    assert none.properties == [(P.QUANT_CONFIG, ""), (P.ACTIVATION_SCALES_KEPT, "")]
+    assert none.properties == ((P.QUANT_CONFIG, ""), (P.ACTIVATION_SCALES_KEPT, ""))
 
 
 @pytest.mark.parametrize(("ck", "build", "kf", "message"), [
     (WO, _build("MARLIN", True), KernelFormat(None, None),
      f"{WON}: vLLM built no fused-MoE quant config after conversion, so nothing says what the kernel reads"),
     (WO, _build("NEW", True), KernelFormat(None, "Q", GOOD),
-     f"{WO}@sm121-default (backend NEW {ON}): backend NEW is not described under moe_backends"),
+     f"{WO}@sm121-default kernel_format: backend NEW {ON}: backend NEW is not described under moe_backends"),
     (WO, _build("MARLIN", True), KernelFormat(None, "Q", {}),
      f"{WON}: the quant config Q holds no g1_alphas, g2_alphas: the dequant alphas are gone"),
     (WO, _build("MARLIN", True), KernelFormat(None, "Q", {"g1_alphas": False, "g2_alphas": False}),
@@ -218,18 +218,18 @@ def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
      "format): activations run unquantized"),
 ])
 def test_every_kernel_problem_word_for_word(matrix, ck, build, kf, message):
-    assert _kernel(matrix, ck, build, kf).problem == message
+    assert _kernel(matrix, ck, build, kf).message == message
 
 
 def test_kernel_verdict_skips_and_refusals_word_for_word(matrix):
     refused = LayerBuild(None, "ValueError: x")
     rejected = _kernel(matrix, REJECTED, refused, None)
-    assert rejected.skip == "vLLM refuses this config, as the matrix expects: there is no layer to convert"
-    assert rejected.problem is None and rejected.properties == []
+    assert rejected.reason == "vLLM refuses this config, as the matrix expects: there is no layer to convert"
+    assert rejected.problem is None and rejected.properties == ()
     built_but_unconverted = _kernel(matrix, WO, _build("MARLIN", True), None)
     assert built_but_unconverted.problem == "vLLM refused to build the MoE layer: None"
     cuda = _kernel(matrix, WO, _build("MARLIN", True), KernelFormat("needs CUDA"))
-    assert (cuda.skip, cuda.problem, cuda.properties) == ("needs CUDA", None, [])
+    assert (cuda.reason, cuda.problem, cuda.properties) == ("needs CUDA", None, ())
 
 
 def test_kernel_activation_scales_default_to_any_when_the_matrix_is_silent(matrix):

@@ -78,10 +78,10 @@ def test_each_group_starts_once_and_every_failure_is_a_failed_case(project):
     result = project.runpytest_subprocess("--matrix", "m.yaml", "-rs")
     result.assert_outcomes(failed=5, skipped=1)
     result.stdout.fnmatch_lines([
-        "*tiny@sm121-default: the engine run failed: the child exited with status 3 without a result*",
+        "*tiny@sm121-default degeneration: the engine run failed: the child exited with status 3 without a result*",
         "*giving up on purpose*",
-        "*tiny@sm121-crash: the engine run failed: the child died: SIGSEGV (segfault)*",
-        "*tiny@sm121-hang: the engine run failed: timeout: no result after 6 s*",
+        "*tiny@sm121-crash degeneration: the engine run failed: the child died: SIGSEGV (segfault)*",
+        "*tiny@sm121-hang degeneration: the engine run failed: timeout: no result after 6 s*",
         "*3 engine starts for 5 e2e cases*",
         "*SKIPPED*needs sm121 (GB10); this host*",
     ])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from matrixkit import case_for
 from safetensors import safe_open
 
 from quantmatrix import cli
@@ -19,9 +20,11 @@ from quantmatrix.checkpoints.base import LAYOUTS, REFERENCE_FILE
 from quantmatrix.checkpoints.schemes import nvfp4
 from quantmatrix.checks import checkpoint as verify
 from quantmatrix.errors import MatrixError, QuantmatrixError
+from quantmatrix.measure import dequant, hf
 from quantmatrix.schema.load import load
 from quantmatrix.schema.synthetic import SyntheticSpec
 
+ROOT = Path(__file__).resolve().parents[1]
 MO = dict(producer="modelopt", scheme="nvfp4_w4a4")
 CT = dict(producer="compressed-tensors", scheme="nvfp4_w4a4")
 
@@ -162,6 +165,13 @@ def test_same_spec_same_bytes(tmp_path):
     assert digest(other)["model.safetensors"] != first["model.safetensors"]
 
 
+def _hf_reference(ck: Path, spec: SyntheticSpec) -> tuple[list[list[int]], str | None]:
+    """What hf_reference measures (measure.hf) and the problem its verdict finds in it."""
+    measured = hf.hf_greedy(ck, spec)
+    case = case_for(load(ROOT / "matrices" / "default.yaml"), "qwen3moe-tiny-bf16", "hf_reference")
+    return measured.from_files, verify.hf_verdict(case, measured).problem
+
+
 def test_bf16_checkpoint_records_the_hf_reference(tmp_path):
     """A bf16 checkpoint carries the greedy continuation transformers produced, and the tokenizer files put
     <unk>/<s>/</s> at ids 0/1/2 as config.json says; loaded from its files it continues the prompts as its
@@ -174,7 +184,7 @@ def test_bf16_checkpoint_records_the_hf_reference(tmp_path):
     assert len(ref["greedy_ids"]) == len(ref["prompts"]) and all(len(g) == 8 for g in ref["greedy_ids"])
     vocab = json.loads((ck / "tokenizer.json").read_text())["model"]["vocab"]
     assert [vocab["<unk>"], vocab["<s>"], vocab["</s>"]] == [0, 1, 2]
-    got, problem = verify.hf_reference(ck, spec)
+    got, problem = _hf_reference(ck, spec)
     assert problem is None and got == ref["greedy_ids"]
 
 
@@ -193,14 +203,19 @@ def test_hf_reference_fails_when_the_files_do_not_hold_the_in_memory_model(tmp_p
     from safetensors.torch import save_file
 
     save_file(t, str(ck / "model.safetensors"), metadata={"format": "pt"})
-    got, problem = verify.hf_reference(ck, spec)
+    got, problem = _hf_reference(ck, spec)
     assert problem.startswith("greedy output of the model loaded from its files differs from the same weights' "
                               "in-memory model (never saved):")
     assert "in memory [" in problem and "from the files [" in problem
     assert all(row.startswith("  '") for row in problem.splitlines()[1:]) and len(problem.splitlines()) > 2
     (ck / "tokenizer.json").write_text(base.tokenizer_files(300)["tokenizer.json"])
-    assert verify.hf_reference(ck, spec) == ([], "tokenizer.json on disk encodes the prompts differently from the "
-                                                 "tokenizer the factory trains")
+    assert _hf_reference(ck, spec) == ([], "tokenizer.json on disk encodes the prompts differently from the "
+                                           "tokenizer the factory trains")
+
+
+def _dequant_problem(err: dequant.LogitError) -> str | None:
+    case = case_for(load(ROOT / "matrices" / "default.yaml"), "qwen3moe-tiny-nvfp4-w4a4", "dequant_logits")
+    return verify.dequant_verdict(case, err).problem
 
 
 def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, monkeypatch):
@@ -209,7 +224,7 @@ def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, m
     the bf16 model) writes a checkpoint whose logits stray far past verify.LOGIT_REL_ERROR_BOUND."""
     bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
     ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
-    assert verify.dequant_error(verify.dequantized_state(ck), bf16).problem() is None
+    assert _dequant_problem(dequant.dequant_error(dequant.dequantized_state(ck), bf16)) is None
 
     def swap(packed: torch.Tensor) -> torch.Tensor:
         return (packed >> 4) | (packed << 4)
@@ -220,9 +235,9 @@ def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, m
     bad = build(tmp_path, "bad", model="qwen3_moe", **MO)
     assert torch.equal(tensors(bad / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"],
                        tensors(ck / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"])
-    err = verify.dequant_error(verify.dequantized_state(bad), bf16)
+    err = dequant.dequant_error(dequant.dequantized_state(bad), bf16)
     assert err.rel_error > 2 * verify.LOGIT_REL_ERROR_BOUND and err.top1 < verify.TOP1_AGREEMENT_BOUND
-    assert "strays from bf16" in err.problem()
+    assert "strays from bf16" in _dequant_problem(err)
 
 
 MATRIX = textwrap.dedent("""\

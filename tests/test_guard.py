@@ -19,11 +19,11 @@ from prefix_bug import revert_weight_only_promotion
 
 from quantmatrix.adapter import layers
 from quantmatrix.checkpoints import store
-from quantmatrix.checks import sentinel
 from quantmatrix.engine import runner
 from quantmatrix.errors import AdapterMismatch
 from quantmatrix.guard import plugin
 from quantmatrix.guard.record import Recorder
+from quantmatrix.measure import sentinel
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Cell
 

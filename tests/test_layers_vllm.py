@@ -11,8 +11,9 @@ from prefix_bug import revert_weight_only_promotion
 
 from quantmatrix.adapter import layers, simulate
 from quantmatrix.checkpoints import store
-from quantmatrix.checks import audit, sentinel
+from quantmatrix.checks import audit
 from quantmatrix.errors import AdapterMismatch
+from quantmatrix.measure import sentinel
 from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parent.parent

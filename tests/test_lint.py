@@ -195,7 +195,8 @@ def test_lint_check_passes_and_fails_exactly_as_expect_lint_says(pytester, monke
     result.assert_outcomes(passed=4, failed=2)
     result.stdout.fnmatch_lines(["FAILED *test_checkpoint_lint[[]hole-not-declared@sm121-eager]*",
                                  "FAILED *test_checkpoint_lint[[]sound-but-expected-broken@sm121-eager]*"])
-    result.stdout.fnmatch_lines(["lint: unexpected findings [[]'missing_tensor']",
+    result.stdout.fnmatch_lines(["hole-not-declared@sm121-* checkpoint_lint: unexpected findings [[]'missing_tensor']",
                                  "*model.layers.1.mlp.experts.0.gate_proj [[]layer 1, expert 0] input_scale: "
                                  "missing*"])
-    result.stdout.fnmatch_lines(["lint: expected findings [[]'bad_value'] did not appear"])
+    result.stdout.fnmatch_lines(["sound-but-expected-broken@sm121-* checkpoint_lint: expected findings [[]'bad_value'] "
+                                 "did not appear"])

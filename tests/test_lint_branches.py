@@ -473,7 +473,7 @@ def test_three_planted_bad_values_are_three_findings_to_show():
     assert lint_problem(("bad_value",), _report(PLANTED[0])) is None  # what a set of codes let through
     problem = lint_problem(PINNED, _report(PLANTED[0]))
     assert problem.splitlines()[0] == (
-        "lint: expected bad_value on model.layers.0.mlp.experts.1.down_proj.input_scale: no such finding there; "
+        "expected bad_value on model.layers.0.mlp.experts.1.down_proj.input_scale: no such finding there; "
         "expected bad_value on model.layers.1.mlp.experts.2.up_proj.weight_scale: no such finding there")
 
 
@@ -481,7 +481,7 @@ def test_a_finding_of_the_right_code_on_another_tensor_is_unexpected():
     moved = Finding("bad_value", "model.layers.0.mlp.experts.0.up_proj", "weight_scale_2", "is 0.0")
     problem = lint_problem(PINNED[:1], _report(moved))
     assert problem.splitlines()[:3] == [
-        "lint: expected bad_value on model.layers.0.mlp.experts.0.down_proj.weight_scale_2: no such finding there; "
+        "expected bad_value on model.layers.0.mlp.experts.0.down_proj.weight_scale_2: no such finding there; "
         "unexpected findings ['bad_value']",
         "  bad_value: model.layers.0.mlp.experts.0.up_proj [layer 0, expert 0] weight_scale_2: is 0.0",
         "quantmatrix lint ck"]
@@ -490,7 +490,7 @@ def test_a_finding_of_the_right_code_on_another_tensor_is_unexpected():
 def test_a_pinned_code_must_match_too_and_globs_name_many_tensors():
     wrong_code = Finding("bad_shape", PLANTED[0].module, PLANTED[0].tensor, "is [2]")
     assert lint_problem(PINNED[:1], _report(wrong_code)).startswith(
-        "lint: expected bad_value on model.layers.0.mlp.experts.0.down_proj.weight_scale_2: no such finding there; "
+        "expected bad_value on model.layers.0.mlp.experts.0.down_proj.weight_scale_2: no such finding there; "
         "unexpected findings ['bad_shape']\n  bad_shape: ")
     hole = (TensorFinding("missing_tensor", "model.layers.1.mlp.experts.3.*.input_scale"),)
     found = [Finding("missing_tensor", f"model.layers.1.mlp.experts.3.{p}", "input_scale", "missing")
@@ -505,7 +505,7 @@ def test_codes_and_pins_together():
     extra = Finding("unexpected_tensor", "m", "input_scale", "present")
     assert lint_problem(("unexpected_tensor", *PINNED), _report(*PLANTED, extra)) is None
     problem = lint_problem(("missing_tensor", *PINNED), _report(*PLANTED, extra))
-    assert problem.splitlines()[:2] == ["lint: expected findings ['missing_tensor'] did not appear; unexpected "
+    assert problem.splitlines()[:2] == ["expected findings ['missing_tensor'] did not appear; unexpected "
                                         "findings ['unexpected_tensor']", "  unexpected_tensor: m input_scale: present"]
     assert lint_problem((), _report()) is None
 

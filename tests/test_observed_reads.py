@@ -1,6 +1,6 @@
 """observed_reads with the GPU simulated: no GPU here, so the layer is a fake MoE expert block on CPU whose
 "kernel" reads a chosen set of tensor roles (a Marlin-like W4A16 kernel, or a W4A4 one that folds input_scale into
-its alpha while converting, as vLLM's does). The measurement (engine.observed.observe) and the verdict
+its alpha while converting, as vLLM's does). The measurement (measure.observed.observe) and the verdict
 (checks.observed_reads) are the real ones, against the real `moe_backends` of matrices/default.yaml."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from matrixkit import case_for
 
 from quantmatrix import properties as P
 from quantmatrix.checks.observed_reads import observed_reads_verdict
-from quantmatrix.engine.observed import Observation, observe, poison
+from quantmatrix.measure.observed import Observation, observe, poison
 from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_simulated_gpu_w4a4_kernel_whose_reads_omit_input_scale_fails_naming_the
     assert v.problem is not None
     assert "the kernel reads input_scale (w13_input_scale: poisoning it changed the output) but " \
            "moe_backends.MARLIN.reads does not list it" in v.problem
-    assert v.problem.startswith("qwen3moe-tiny-nvfp4-w4a4@sm100-default (backend MARLIN on sm100")
+    assert v.message.startswith("qwen3moe-tiny-nvfp4-w4a4@sm100-default observed_reads: backend MARLIN on sm100")
 
 
 def test_simulated_gpu_kernel_not_reading_a_declared_role_fails():

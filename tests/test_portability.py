@@ -129,7 +129,7 @@ def test_case_records_simulated_without_flashinfer_and_gives_a_verdict(gpu_only_
 
 
 def _tensors(path: Path, prefix: str):
-    from quantmatrix.checks import sentinel
+    from quantmatrix.measure import sentinel
 
     return sentinel.checkpoint_tensors(path, prefix)()
 

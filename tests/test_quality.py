@@ -10,6 +10,7 @@ import pytest
 
 from quantmatrix.checks import quality
 from quantmatrix.engine import references
+from quantmatrix.measure import hf
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Cell
 
@@ -143,7 +144,7 @@ def test_zeroed_experts_are_flagged_by_agreement_not_by_degeneration():
 
     spec = configs.SyntheticSpec(producer="none", scheme="bf16", model="qwen3_moe",
                                  corrupt_tensors=(("model.layers.*.mlp.experts.*", "zero"),))
-    zeroed = references.transformers_greedy(materialize_spec(spec, "qwen3moe-tiny-bf16-experts-zero"),
+    zeroed = hf.transformers_greedy(materialize_spec(spec, "qwen3moe-tiny-bf16-experts-zero"),
                                             MATRIX.e2e.prompts, MATRIX.e2e.max_tokens, MATRIX.e2e.logprobs)
     assert quality.degeneration([o["token_ids"] for o in zeroed["outputs"]]).crossed(LIMITS) == []
     divs = quality.compare(zeroed["outputs"], REFERENCE["outputs"], BF16.expectation("agreement_top_k"))

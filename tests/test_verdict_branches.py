@@ -217,10 +217,10 @@ def test_kernel_format_activation_scales_kept_for_weight_only_or_dropped_for_w4a
 def test_kernel_format_unknown_backend_needs_cuda_and_refusals(matrix):
     assert "is not described under moe_backends" in _kernel(matrix, WO, "NEW", KernelFormat(None, "Q", GOOD)).problem
     skipped = _kernel(matrix, WO, "MARLIN", KernelFormat("needs CUDA: gptq_marlin_repack"))
-    assert skipped.problem is None and skipped.skip == "needs CUDA: gptq_marlin_repack"
+    assert skipped.problem is None and skipped.reason == "needs CUDA: gptq_marlin_repack"
     refused = LayerBuild(None, "ValueError: x")
     assert _kernel(matrix, WO, "", None, refused).problem == "vLLM refused to build the MoE layer: ValueError: x"
-    assert _kernel(matrix, REJECTED, "", None, refused).skip.startswith("vLLM refuses this config")
+    assert _kernel(matrix, REJECTED, "", None, refused).reason.startswith("vLLM refuses this config")
 
 
 def test_reading_the_quant_config_never_counts_an_empty_alpha_as_finite():

@@ -77,8 +77,9 @@ def test_accuracy_within_the_wilson_bound_passes_and_below_fails(cells):
     good = [str(i + 1) for i in range(8)] + ["x", "x"]
     bad = [str(i + 1) for i in range(5)] + ["x"] * 5
     assert verdicts.accuracy(cells["default"], _run(GREEDY, good), _refs(9)).problem is None
-    problem = verdicts.accuracy(cells["default"], _run(GREEDY, bad), _refs(9)).problem
-    assert problem.startswith("real-tiny@sm121-default [ModelOptNvFp4FusedMoE/VLLM_CUTLASS x1]: task accuracy")
+    problem = verdicts.accuracy(cells["default"], _run(GREEDY, bad), _refs(9)).message
+    assert problem.startswith(f"real-tiny@sm121-default {cells['default'].check.name}: "
+                              "[ModelOptNvFp4FusedMoE/VLLM_CUTLASS x1]: task accuracy")
     assert "5/10" in problem and "pass line = lower bound 0.596" in problem and "Q: 5 + 1?" in problem
 
 
@@ -91,7 +92,7 @@ def test_a_degenerate_group_skips_its_expensive_oracles_without_reading_a_refere
 
     for oracle in (verdicts.agreement, verdicts.accuracy):
         v = oracle(cells["default"], stuck, no_reference)
-        assert v.problem is None and "degenerate" in v.skip
+        assert v.problem is None and "degenerate" in v.reason
     assert "one token repeated 8 times" in verdicts.degeneration(cells["default"], stuck).problem
 
 
@@ -118,7 +119,8 @@ def test_a_failed_engine_run_fails_every_check_with_its_cause(cells):
     failure = engine.Failure("CUDA OOM", "OutOfMemoryError: CUDA out of memory", Path("/x/engine.log"), "last line")
     run = engine.GroupRun("c", Path("/x/g"), {"poison": None, "greedy_prompts": 2}, None, failure, 9.0)
     for v in (verdicts.degeneration(cells["default"], run), verdicts.agreement(cells["default"], run, _refs(1))):
-        assert v.problem.startswith("real-tiny@sm121-default: the engine run failed: CUDA OOM")
+        assert v.message.startswith(f"real-tiny@sm121-default {cells['default'].check.name}: the engine run failed: "
+                                    "CUDA OOM")
         assert "last line" in v.problem and (P.ENGINE_FAILURE, "CUDA OOM") in v.properties
 
 

@@ -8,7 +8,8 @@ are shared by all):
     adapter      every vLLM-version-specific name: config resolution, MoE layers, the capability simulation
     checkpoints  synthetic factory, cache and hub store, NVFP4 numerics, lint, fetch
     engine       isolated vLLM engine runs (runner, child, poison plugin, references)
-    checks       verdicts: dispatch, audit, kernel format, checkpoint, quality, e2e
+    measure      measurements, never verdicts: the sentinel audit, observed reads, dequantized logits, transformers
+    checks       verdicts (one Verdict style): dispatch, audit, kernel format, checkpoint, quality, e2e
     pytest_plugin  cases as pytest items, fixtures, the judge, JUnit properties
     report       nightly JUnit merge -> diff -> summary.json, matrix.md, index.html
     cli          the `quantmatrix` command

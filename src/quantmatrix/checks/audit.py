@@ -1,10 +1,9 @@
 """The post-load audit's verdict: which MoE tensors the selected kernel reads were never written by vLLM's
-loaders, and which loaded scales are unusable. The findings come from checks.sentinel (the sentinel-filled
-load); this module only judges them, so importing it costs nothing (no torch)."""
+loaders, and which loaded scales are unusable. The findings are measured (measure.sentinel: the sentinel-filled
+load; measure.findings: the values); this module only judges them, so importing it costs nothing (no torch)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 
 from quantmatrix import properties as P
@@ -12,55 +11,8 @@ from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.adapter.roles import checkpoint_names
 from quantmatrix.checks.expected import describe, unmatched
 from quantmatrix.checks.verdict import Verdict
+from quantmatrix.measure.loaded import AuditReport
 from quantmatrix.schema.model import Case, MoeBackend, TensorFinding
-
-
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    param: str
-    role: str
-    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies
-    experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
-    read: bool  # does the selected backend read this tensor?
-    detail: str = ""
-
-    def describe(self) -> str:
-        where = f" [expert{'s' if len(self.experts) > 1 else ''} {_ranges(self.experts)}]" if self.experts else ""
-        return f"{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
-
-
-@dataclasses.dataclass(frozen=True)
-class AuditReport:
-    backend: str
-    reads: frozenset[str]
-    findings: tuple[Finding, ...]
-    loaded: frozenset[str]
-
-    @property
-    def read_but_unloaded(self) -> list[Finding]:
-        return [f for f in self.findings if f.read and f.kind == "unloaded"]
-
-    @property
-    def unusable(self) -> list[Finding]:
-        """Loaded with values no kernel can use, or refused by vLLM's loader (loud, but the checkpoint is broken)."""
-        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative", "refused")]
-
-    @property
-    def notes(self) -> list[Finding]:
-        """Recorded, not failed: created-but-unread tensors (input_scale under Marlin), per-expert spreads."""
-        return [f for f in self.findings if f not in self.read_but_unloaded and f not in self.unusable]
-
-
-def _ranges(rows: Iterable[int]) -> str:
-    rows = sorted(rows)
-    out, start = [], None
-    for i, r in enumerate(rows):
-        if start is None:
-            start = r
-        if i + 1 == len(rows) or rows[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend],
@@ -71,13 +23,14 @@ def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
     layer = build.layer
     if layer is None:
         if ck.expectation("resolves_to") == "rejected":
-            return Verdict(skip="vLLM refuses this config, as the matrix expects: there is no layer to audit")
-        return Verdict(f"no MoE layer to audit: vLLM refused to build it ({build.error})")
+            return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+        return Verdict.fail(case, f"no MoE layer to audit: vLLM refused to build it ({build.error})")
     if layer.backend not in backends or report is None:
-        return Verdict(f"backend {layer.backend} is not described under moe_backends, so what it reads is unknown")
-    words = f"{ck.id} ({ck.producer}, {ck.scheme.name}) on {arch.describe()}"
+        return Verdict.fail(case, f"backend {layer.backend} is not described under moe_backends, so what it reads "
+                                  "is unknown")
+    words = f"{ck.producer} {ck.scheme.name} on {arch.describe()}"
     problem = problem_of(report, words, ck.expectation("resolves_to") == "weight_only", ck.expectation("audit", arch))
-    return Verdict(problem, properties=[
+    return Verdict.of(case, problem, [
         (P.MOE_BACKEND, report.backend),
         (P.UNLOADED_UNREAD, "; ".join(f.describe() for f in report.notes if f.kind == "unloaded")),
         (P.AUDIT_NOTES, "; ".join(f.describe() for f in report.notes if f.kind != "unloaded"))])

@@ -63,7 +63,7 @@ def config_shape(checkpoint_dir: Path) -> str:
 def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
-    return Verdict(_config_problem(case.cell.checkpoint, got, shape), properties=[
+    return Verdict.of(case, _config_problem(case.cell.checkpoint, got, shape), [
         (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.method), (P.QUANT_CONFIG_CLASS, got.config_class),
         (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme)])
 
@@ -100,7 +100,7 @@ def layer_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
     """vLLM's MoE layer as built on the cell's arch: method, weight/activation scheme and backend are what the
     matrix accepts."""
     layer = build.layer
-    return Verdict(_layer_problem(case, build, backends), properties=[
+    return Verdict.of(case, _layer_problem(case, build, backends), [
         (P.MOE_METHOD, layer.method if layer else ""), (P.MOE_BACKEND, layer.backend if layer else ""),
         (P.MOE_WEIGHT_ONLY, str(layer.weight_only).lower() if layer else ""),
         (P.LAYER_BUILD_ERROR, build.error or "")])
@@ -133,7 +133,7 @@ def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     if wanted == "read" and not backend.reads_activation_scales:
         return (f"W4A4 checkpoint routed to {backend.name} {on}, which never reads activation scales: its calibrated "
                 "input_scale is discarded and activations run unquantized")
-    pinned = ck.expectation(P.MOE_BACKEND, arch, default=None)
+    pinned = ck.expectation("moe_backend", arch, default=None)
     if pinned is not None and backend.name not in pinned:
         return f"MoE backend {backend.name} selected {on}; the matrix pins {', '.join(pinned)} for this arch"
     return None

@@ -38,8 +38,8 @@ def tasks(checkpoint: Checkpoint) -> list[dict[str, str]]:
     return rows
 
 
-def _head(case: Case, run: GroupRun) -> str:
-    return f"{case.cell.id} [{run.routed()}]"
+def _routed(run: GroupRun) -> str:
+    return f"[{run.routed()}]"
 
 
 def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
@@ -66,7 +66,7 @@ def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
 def engine_problem(case: Case, run: GroupRun) -> str | None:
     """The run itself is unusable: it failed, or its poison mode did not take effect inside the engine."""
     if run.failure is not None:
-        return f"{case.cell.id}: the engine run failed: {run.failure.message()}"
+        return f"the engine run failed: {run.failure.message()}"
     wanted = run.request["poison"]
     if wanted:
         states = [w["poison"] for w in run.workers()]
@@ -74,7 +74,7 @@ def engine_problem(case: Case, run: GroupRun) -> str | None:
         if not states or off:
             seen = "; ".join(f"pid {s['pid']}: registered_by={s['registered_by']}, requested={s['requested']}, "
                              f"models built={s['models_built']}" for s in states) or "no worker answered"
-            return (f"{case.cell.id}: mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
+            return (f"mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
                     f"not fill the model inside the engine ({seen}); the mode proved nothing")
     return None
 
@@ -96,101 +96,99 @@ def greedy_properties(checkpoint: Checkpoint, run: GroupRun) -> list[tuple[str, 
 
 
 def degeneration(case: Case, run: GroupRun) -> Verdict:
-    v = Verdict(properties=run_properties(run))
-    v.problem = engine_problem(case, run)
-    if v.problem:
-        return v
+    properties = run_properties(run)
+    broken = engine_problem(case, run)
+    if broken:
+        return Verdict.fail(case, broken, properties)
     metrics, crossed = _degeneration(case, run)
-    v.properties.append((P.DEGENERATION, metrics.summary()))
+    properties.append((P.DEGENERATION, metrics.summary()))
     must = case.cell.checkpoint.expectation("degenerate")
     if not must:  # a canary's output is garbage by design: comparing it across archs would only be noise
-        v.properties += greedy_properties(case.cell.checkpoint, run)
+        properties += greedy_properties(case.cell.checkpoint, run)
     worst = run.greedy()[metrics.worst_prompt]
     sample = f"worst continuation (prompt {metrics.worst_prompt}): {worst['token_ids']} {worst['text']!r}"
+    problem = None
     if crossed and not must:
-        v.problem = (f"{_head(case, run)}: greedy output is degenerate: " + "; ".join(crossed) +
-                     f"\n{sample}\n(an expert path that outputs zeros or NaN looks exactly like this)")
+        problem = (f"{_routed(run)}: greedy output is degenerate: " + "; ".join(crossed) +
+                   f"\n{sample}\n(an expert path that outputs zeros or NaN looks exactly like this)")
     elif must and not crossed:
-        v.problem = (f"{_head(case, run)}: this checkpoint is deliberately broken and must be flagged, but the "
-                     f"degeneration oracle passed it ({metrics.summary()}): the thresholds are too loose\n{sample}")
-    return v
+        problem = (f"{_routed(run)}: this checkpoint is deliberately broken and must be flagged, but the "
+                   f"degeneration oracle passed it ({metrics.summary()}): the thresholds are too loose\n{sample}")
+    return Verdict.of(case, problem, properties)
 
 
-def _cheap_first(case: Case, run: GroupRun, v: Verdict) -> bool:
-    """True when the case may go on to its expensive oracle."""
-    v.problem = engine_problem(case, run)
-    if v.problem:
-        return False
+def _cheap_first(case: Case, run: GroupRun) -> Verdict | None:
+    """The verdict when the case must not go on to its expensive oracle (a failed run, a degenerate group);
+    None when it may."""
+    broken = engine_problem(case, run)
+    if broken:
+        return Verdict.fail(case, broken, run_properties(run))
     _, crossed = _degeneration(case, run)
     if crossed:
-        v.skip = (f"{case.cell.id}: not evaluated, the group's output is degenerate ({'; '.join(crossed)}); "
-                  "see its degeneration case")
-        return False
-    return True
+        return Verdict.skip(f"{case.cell.id}: not evaluated, the group's output is degenerate "
+                            f"({'; '.join(crossed)}); see its degeneration case", run_properties(run))
+    return None
 
 
-def _divergences(case: Case, ours: list[dict[str, Any]], theirs: list[dict[str, Any]], k: int, what: str,
-                 v: Verdict) -> str | None:
-    """Compare two runs (k = 0: exact), note where each prompt diverged, and say what broke the rule."""
+def _divergences(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], k: int, what: str
+                 ) -> tuple[str | None, list[tuple[str, Any]]]:
+    """Compare two runs (k = 0: exact): what broke the rule (None: nothing) and where each prompt diverged."""
     mismatch = quality.prompt_mismatch(ours, theirs)
     if mismatch:
-        return f"{case.cell.id}: cannot compare with {what}: {mismatch}"
+        return f"cannot compare with {what}: {mismatch}", []
     divs = quality.exact(ours, theirs) if k == 0 else quality.compare(ours, theirs, k)
-    v.properties.append((P.FIRST_DIVERGENCE, ",".join(str(d.position) for d in divs)))
+    where = [(P.FIRST_DIVERGENCE, ",".join(str(d.position) for d in divs))]
     bad = [d for d in divs if not d.within_top_k]
     if not bad:
-        return None
+        return None, where
     rule = "identical tokens" if k == 0 else f"a first divergence within each other's top-{k}"
-    return f"{len(bad)} of {len(divs)} prompts break the rule ({rule}):\n{quality.describe(divs)}"
+    return f"{len(bad)} of {len(divs)} prompts break the rule ({rule}):\n{quality.describe(divs)}", where
 
 
 def agreement(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
-    v = Verdict(properties=run_properties(run))
-    if not _cheap_first(case, run, v):
-        return v
+    stop = _cheap_first(case, run)
+    if stop is not None:
+        return stop
     ref = reference("outputs")
     k = case.cell.checkpoint.expectation("agreement_top_k")
-    broken = _divergences(case, run.greedy(), ref["outputs"], k, "the reference", v)
-    if broken:
-        by = ref["produced_by"]
-        v.problem = (f"{_head(case, run)}: greedy output disagrees with the reference "
-                     f"({by.get('source')}, {by.get('date')}): {broken}")
-    return v
+    broken, where = _divergences(run.greedy(), ref["outputs"], k, "the reference")
+    by = ref["produced_by"]
+    problem = (f"{_routed(run)}: greedy output disagrees with the reference ({by.get('source')}, "
+               f"{by.get('date')}): {broken}") if broken else None
+    return Verdict.of(case, problem, run_properties(run) + where)
 
 
 def invariance(case: Case, run: GroupRun, reference_run: Callable[[], GroupRun], reference_mode: str) -> Verdict:
-    v = Verdict(properties=run_properties(run))
     if case.cell.mode.name == reference_mode:
         raise MatrixError(f"{case.cell.id}: mode_invariance compares mode {reference_mode} with itself; "
                           f"exclude it from the check with except_cells: [{{mode: {reference_mode}}}]")
-    if not _cheap_first(case, run, v):
-        return v
+    stop = _cheap_first(case, run)
+    if stop is not None:
+        return stop
     base = reference_run()
     if base.failure is not None:
-        v.problem = (f"{case.cell.id}: cannot compare with mode {reference_mode}: its engine run failed: "
-                     f"{base.failure.message()}")
-        return v
+        return Verdict.fail(case, f"cannot compare with mode {reference_mode}: its engine run failed: "
+                                  f"{base.failure.message()}", run_properties(run))
     k = case.cell.checkpoint.expectation("invariance_top_k")
-    broken = _divergences(case, run.greedy(), base.greedy(), k, f"mode {reference_mode}", v)
-    if broken:
-        v.problem = (f"{_head(case, run)} vs {reference_mode} [{base.routed()}]: mode {case.cell.mode.name} "
-                     f"changes greedy output, so something reads memory nobody wrote: {broken}")
-    return v
+    broken, where = _divergences(run.greedy(), base.greedy(), k, f"mode {reference_mode}")
+    problem = (f"{_routed(run)} vs {reference_mode} [{base.routed()}]: mode {case.cell.mode.name} changes greedy "
+               f"output, so something reads memory nobody wrote: {broken}") if broken else None
+    return Verdict.of(case, problem, run_properties(run) + where)
 
 
 def accuracy(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
-    v = Verdict(properties=run_properties(run))
-    if not _cheap_first(case, run, v):
-        return v
+    stop = _cheap_first(case, run)
+    if stop is not None:
+        return stop
     rows = tasks(case.cell.checkpoint)
     solved = quality.score([o["text"] for o in run.tasks()], [r["answer"] for r in rows])
     ref = reference("accuracy")
     spec = case.cell.checkpoint.expectation("accuracy")
     verdict = quality.AccuracyVerdict(sum(solved), len(solved), ref["correct"], ref["n"], spec["z"],
                                       spec["max_drop"])
-    v.properties.append((P.ACCURACY, verdict.arithmetic()))
+    problem = None
     if not verdict.ok:
         misses = [rows[i]["prompt"] for i, ok in enumerate(solved) if not ok][:5]
-        v.problem = (f"{_head(case, run)}: task accuracy below the statistical bound: {verdict.arithmetic()}; "
-                     f"first misses: {misses}")
-    return v
+        problem = (f"{_routed(run)}: task accuracy below the statistical bound: {verdict.arithmetic()}; "
+                   f"first misses: {misses}")
+    return Verdict.of(case, problem, [*run_properties(run), (P.ACCURACY, verdict.arithmetic())])

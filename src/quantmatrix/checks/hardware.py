@@ -11,7 +11,7 @@ from quantmatrix.schema.model import Case
 def device_verdict(case: Case, seen: Seen) -> Verdict:
     """What cuda:0 of the case's own child is, under names of its own: the host's device list is already on
     every case (DEVICE_NAME), and a property is written once per case."""
-    return Verdict(_problem(case, seen), properties=[
+    return Verdict.of(case, _problem(case, seen), [
         (P.PROBED_DEVICE, seen.name), (P.PROBED_CAPABILITY, f"{seen.capability[0]}.{seen.capability[1]}"),
         (P.RESERVED_AFTER_FREE, seen.reserved_after_free)])
 

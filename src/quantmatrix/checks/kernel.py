@@ -18,22 +18,21 @@ def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     ck, arch = case.cell.checkpoint, case.cell.arch
     if build.layer is None or kf is None:
         if ck.expectation("resolves_to") == "rejected":
-            return Verdict(skip="vLLM refuses this config, as the matrix expects: there is no layer to convert")
-        return Verdict(f"vLLM refused to build the MoE layer: {build.error}")
+            return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
+        return Verdict.fail(case, f"vLLM refused to build the MoE layer: {build.error}")
     if kf.needs_cuda:
-        return Verdict(skip=kf.needs_cuda)
-    on = f"{case.cell.id} (backend {build.layer.backend} on {arch.describe()})"
-    v = Verdict(properties=[(P.QUANT_CONFIG, kf.quant_config or ""),
-                            (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))])
+        return Verdict.skip(kf.needs_cuda)
+    on = f"backend {build.layer.backend} on {arch.describe()}"
+    properties = [(P.QUANT_CONFIG, kf.quant_config or ""), (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))]
     backend = backends.get(build.layer.backend)
     if kf.quant_config is None:
-        v.problem = (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what the kernel "
-                     "reads")
+        problem: str | None = (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what "
+                               "the kernel reads")
     elif backend is None:
-        v.problem = f"{on}: backend {build.layer.backend} is not described under moe_backends"
+        problem = f"{on}: backend {build.layer.backend} is not described under moe_backends"
     else:
-        v.problem = _problem(on, kf, backend, ck.expectation("activation_scales", arch, default="any"))
-    return v
+        problem = _problem(on, kf, backend, ck.expectation("activation_scales", arch, default="any"))
+    return Verdict.of(case, problem, properties)
 
 
 def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: str) -> str | None:

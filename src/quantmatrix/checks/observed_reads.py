@@ -1,5 +1,5 @@
 """observed_reads: the backends' `reads:` lists drive the layer verdict and the audit, so they are tested, not
-trusted. On the GPU the layer's output is compared with each tensor role poisoned in turn (engine.observed); the
+trusted. On the GPU the layer's output is compared with each tensor role poisoned in turn (measure.observed); the
 roles whose poisoning changed it are what the kernel really reads, and they must be exactly the roles the matrix
 says the backend reads, among those the layer holds."""
 
@@ -9,24 +9,23 @@ from collections.abc import Mapping
 
 from quantmatrix import properties as P
 from quantmatrix.checks.verdict import Verdict
-from quantmatrix.engine.observed import Observation
+from quantmatrix.measure.observed import Observation
 from quantmatrix.schema.model import Case, MoeBackend
 
 
 def observed_reads_verdict(case: Case, observation: Observation, backends: Mapping[str, MoeBackend]) -> Verdict:
-    on = f"{case.cell.id} (backend {observation.backend or '?'} on {case.cell.arch.describe()})"
+    on = f"backend {observation.backend or '?'} on {case.cell.arch.describe()}"
     if observation.error:
-        return Verdict(f"{on}: nothing could be observed: {observation.error}")
+        return Verdict.fail(case, f"{on}: nothing could be observed: {observation.error}")
     backend = backends.get(observation.backend or "")
     if backend is None:
-        return Verdict(f"{on}: backend {observation.backend} is not described under moe_backends, so there is no "
-                       "`reads:` to test")
+        return Verdict.fail(case, f"{on}: backend {observation.backend} is not described under moe_backends, so "
+                                  "there is no `reads:` to test")
     held = frozenset(observation.changed)
     declared = backend.reads & held
     seen = observation.read
-    v = Verdict(properties=[(P.MOE_BACKEND, backend.name), (P.OBSERVED_READS, ",".join(sorted(seen))),
-                            (P.DECLARED_READS, ",".join(sorted(backend.reads))),
-                            (P.ROLES_HELD, ",".join(sorted(held)))])
+    properties = [(P.MOE_BACKEND, backend.name), (P.OBSERVED_READS, ",".join(sorted(seen))),
+                  (P.DECLARED_READS, ",".join(sorted(backend.reads))), (P.ROLES_HELD, ",".join(sorted(held)))]
     problems = []
     for role in sorted(seen - declared):
         problems.append(f"the kernel reads {role} ({', '.join(observation.tensors[role])}: poisoning it changed "
@@ -36,6 +35,4 @@ def observed_reads_verdict(case: Case, observation: Observation, backends: Mappi
         problems.append(f"moe_backends.{backend.name}.reads lists {role}, but poisoning "
                         f"{', '.join(observation.tensors[role])} left the output unchanged: the kernel does not "
                         "read it")
-    if problems:
-        v.problem = f"{on}: " + "; ".join(problems)
-    return v
+    return Verdict.of(case, f"{on}: " + "; ".join(problems) if problems else None, properties)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,35 +63,3 @@ def reference_weights(checkpoint_dir: Path) -> Path:
     """The bf16 model a checkpoint encodes: its dequantized/ export for NVFP4, itself for bf16."""
     deq = checkpoint_dir / DEQUANTIZED
     return deq if (deq / "config.json").is_file() else checkpoint_dir
-
-
-def transformers_greedy(model_dir: Path, prompts: Sequence[str], max_tokens: int, k: int) -> dict[str, Any]:
-    """Greedy continuations by HF transformers (argmax of raw logits, EOS ignored, as the engine runs them),
-    with the top-k logprobs of every position; the prompts are tokenized by the checkpoint's own tokenizer."""
-    import torch
-    import transformers
-    from transformers import AutoTokenizer
-
-    from quantmatrix.checkpoints import base
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = base.load_hf(model_dir)
-    outputs = []
-    with torch.no_grad():
-        for text in prompts:
-            ids = tok(text)["input_ids"]
-            seq, past, tokens, logprobs = torch.tensor([ids]), None, [], []
-            for _ in range(max_tokens):
-                out = model(seq, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-                nxt = int(lp.argmax())
-                values, idx = lp.topk(k)
-                logprobs.append({str(int(i)): float(v) for v, i in zip(values, idx, strict=True)})
-                tokens.append(nxt)
-                seq = torch.tensor([[nxt]])
-            outputs.append({"prompt_token_ids": ids, "token_ids": tokens, "logprobs": logprobs,
-                            "text": tok.decode(tokens)})
-    weights = "dequantized/" if model_dir.name == DEQUANTIZED else "the checkpoint's own bf16 weights"
-    return {"outputs": outputs, "produced_by": {"source": "transformers", "transformers": transformers.__version__,
-                                                "torch": torch.__version__, "weights": weights}}

@@ -1,5 +1,5 @@
 """The guard's verdict: every recorded layer judged against its backend's read-set (the packaged read-sets, or a
-matrix's) by the post-load audit's own code (checks.findings, checks.audit.problem_of), and one refusal text that
+matrix's) by the post-load audit's own code (measure.findings, checks.audit.problem_of), and one refusal text that
 names the layer, tensor, experts, backend, checkpoint file and what to do. What to do compares what the checkpoint
 declares (adapter.declared, the lint's and config dispatch's own reading) with what vLLM built: the seed bug is a
 weight-only checkpoint whose layers were built W4A4."""
@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping
 
 from quantmatrix.adapter import loaders
 from quantmatrix.adapter.declared import Declaration
-from quantmatrix.checks import findings
-from quantmatrix.checks.audit import AuditReport, Finding, problem_of
+from quantmatrix.checks.audit import problem_of
 from quantmatrix.errors import AdapterMismatch
 from quantmatrix.guard.record import Layer, Recorder, unloaded_mask
+from quantmatrix.measure import findings
+from quantmatrix.measure.loaded import AuditReport, Finding
 from quantmatrix.schema.model import MoeBackend
 from quantmatrix.schema.vocab import ROLES
 
@@ -57,7 +58,7 @@ def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend], declared: Decl
     experts = loaders.num_local_experts(layer.module) if layer.kind == "moe" else -1
     params = {f"{layer.name}.{n}": p for n, p in layer.params.items()}
     masks = {f"{layer.name}.{n}": unloaded_mask(layer, n) for n in layer.params}
-    report = findings.judge_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
+    report = findings.measure_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
                                   experts)
     return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report, declared)
 

@@ -29,6 +29,7 @@ from quantmatrix.checkpoints import store
 from quantmatrix.checks import e2e as checks_e2e
 from quantmatrix.checks import quality
 from quantmatrix.engine import references, runner
+from quantmatrix.measure import hf
 from quantmatrix.pytest_plugin.options import UPDATE_REFERENCES
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings, case_of, xdist_group
 from quantmatrix.schema.e2e import E2E
@@ -268,9 +269,9 @@ def _trusted(case: Case, kind: str, checkpoint_dir: Path, run: runner.GroupRun,
         return {"correct": sum(solved), "n": len(solved)}, by
     weights = references.reference_weights(checkpoint_dir)
     if kind == "outputs":
-        made = references.transformers_greedy(weights, e2e.prompts, e2e.max_tokens, e2e.logprobs)
+        made = hf.transformers_greedy(weights, e2e.prompts, e2e.max_tokens, e2e.logprobs)
         return {"prompts": list(e2e.prompts), "outputs": made["outputs"]}, made["produced_by"]
     rows = checks_e2e.tasks(case.cell.checkpoint)
-    made = references.transformers_greedy(weights, [r["prompt"] for r in rows], e2e.max_tokens, 1)
+    made = hf.transformers_greedy(weights, [r["prompt"] for r in rows], e2e.max_tokens, 1)
     solved = quality.score([o["text"] for o in made["outputs"]], [r["answer"] for r in rows])
     return {"correct": sum(solved), "n": len(solved)}, made["produced_by"]

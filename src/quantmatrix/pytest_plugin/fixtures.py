@@ -20,12 +20,13 @@ from quantmatrix.adapter.kernel import KernelFormat
 from quantmatrix.adapter.versions import vllm_missing_reason
 from quantmatrix.checkpoints import store
 from quantmatrix.checkpoints.lint import LintReport
-from quantmatrix.checks.audit import AuditReport
-from quantmatrix.checks.checkpoint import LogitError
-from quantmatrix.checks.verdict import Verdict
-from quantmatrix.engine.observed import Observation
+from quantmatrix.checks.verdict import SKIP, Check, Verdict
 from quantmatrix.errors import CheckpointUnavailable, QuantmatrixError
 from quantmatrix.host.probe import Seen
+from quantmatrix.measure.dequant import LogitError
+from quantmatrix.measure.hf import HfGreedy
+from quantmatrix.measure.loaded import AuditReport
+from quantmatrix.measure.observed import Observation
 from quantmatrix.pytest_plugin import gates
 from quantmatrix.pytest_plugin.options import STRICT_CHECKPOINTS
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
@@ -61,20 +62,21 @@ def matrix(quantmatrix_settings: Settings) -> Matrix:
 
 @pytest.fixture
 def judge(record_property: Callable[[str, object], None]) -> Callable[..., None]:
-    """Turn a verdict into the case's outcome: properties recorded, then fail / skip with the verdict's words.
-    A QuantmatrixError from the verdict (a matrix that states no expectation) fails the case with its message."""
+    """Turn a check's verdict into the case's outcome: properties recorded, then fail / skip with the verdict's
+    words. A QuantmatrixError from the check (a matrix that states no expectation) fails the case, headed as every
+    failure is."""
 
-    def decide(check: Callable[..., Verdict], *args: Any) -> None:
+    def decide(check: Check, case: Case, *measured: Any) -> None:
         try:
-            v = check(*args)
+            v = check(case, *measured)
         except QuantmatrixError as e:
-            pytest.fail(str(e), pytrace=False)
+            v = Verdict.fail(case, str(e))
         for key, value in v.properties:
             record_property(key, value)
-        if v.problem:
-            pytest.fail(v.problem, pytrace=False)
-        if v.skip:
-            pytest.skip(v.skip)
+        if v.outcome == SKIP:
+            pytest.skip(v.message)
+        if v.problem is not None:
+            pytest.fail(v.message, pytrace=False)
 
     return decide
 
@@ -177,7 +179,7 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, m
         return None
 
     def run() -> AuditReport:
-        from quantmatrix.checks import sentinel
+        from quantmatrix.measure import sentinel
 
         every = _build(quantmatrix_session, checkpoint_dir, cell, every_layer=True).layers
         return sentinel.audit(every, sentinel.checkpoint_tensors(checkpoint_dir), backend.reads,
@@ -203,7 +205,7 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
 
     def run() -> KernelFormat:
         from quantmatrix.adapter import kernel
-        from quantmatrix.checks import sentinel
+        from quantmatrix.measure import sentinel
 
         layer.load(sentinel.checkpoint_tensors(checkpoint_dir, layer.prefix)())
         return kernel.kernel_format(layer)
@@ -216,7 +218,7 @@ def observed_reads(cell: Cell, engine_checkpoint: Any, vllm_importable: None,
                    quantmatrix_session: Session) -> Observation:
     """What the cell's backend really reads, measured on this host's GPU with the checkpoint the engine runs (a
     synthetic one's GPU-sized twin), once per (checkpoint, arch)."""
-    from quantmatrix.engine import observed
+    from quantmatrix.measure import observed
 
     path = engine_checkpoint.path
     return quantmatrix_session.once(("observed_reads", path, cell.arch.name),
@@ -232,26 +234,25 @@ def lint_report(checkpoint_dir: Path, quantmatrix_session: Session) -> LintRepor
 
 
 @pytest.fixture
-def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) -> tuple[list[list[int]], str | None]:
-    """transformers' greedy output from the checkpoint's files, against its in-memory model (once per checkpoint)."""
-    from quantmatrix.checks import checkpoint
+def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) -> HfGreedy:
+    """transformers' greedy output from the checkpoint's files, and its in-memory model's (once per checkpoint)."""
+    from quantmatrix.measure import hf
 
     spec = store.spec_of(cell.checkpoint)
-    return quantmatrix_session.once(("hf_reference", checkpoint_dir),
-                                    lambda: checkpoint.hf_reference(checkpoint_dir, spec))
+    return quantmatrix_session.once(("hf_reference", checkpoint_dir), lambda: hf.hf_greedy(checkpoint_dir, spec))
 
 
 @pytest.fixture
 def dequant_error(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> LogitError:
     """The logits of the model the checkpoint's files decode to (vLLM's dequantization) against its bf16
     family's, once per distinct decoded model."""
-    from quantmatrix.checks import checkpoint
+    from quantmatrix.measure import dequant
 
-    bf16 = checkpoint.base_dir(cell.checkpoint)
+    bf16 = store.base_of(cell.checkpoint)
     state = quantmatrix_session.once(("dequantized_state", checkpoint_dir),
-                                     lambda: checkpoint.dequantized_state(checkpoint_dir))
-    key = ("dequant_logits", checkpoint.digest(state), bf16)
-    return quantmatrix_session.once(key, lambda: checkpoint.dequant_error(state, bf16))
+                                     lambda: dequant.dequantized_state(checkpoint_dir))
+    key = ("dequant_logits", dequant.digest(state), bf16)
+    return quantmatrix_session.once(key, lambda: dequant.dequant_error(state, bf16))
 
 
 @pytest.fixture

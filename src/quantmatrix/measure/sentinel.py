@@ -1,7 +1,7 @@
 """The post-load audit's measurement: fill every parameter of vLLM's MoE layers with a sentinel, load the
 checkpoint through vLLM's real weight loaders, repeat with a second sentinel, and report every element that held
 the sentinel both times (one byte sentinel alone gives false hits on packed uint8 / fp8 data, 1 in 256), plus
-every loaded scale no kernel can use (checks.findings, shared with the production guard). checks.audit judges
+every loaded scale no kernel can use (measure.findings, shared with the production guard). checks.audit judges
 the findings.
 
 Imports torch: the plugin imports this module only when an audit case runs, never while collecting.
@@ -16,8 +16,8 @@ import torch
 
 from quantmatrix.adapter.layers import MoELayer
 from quantmatrix.checkpoints.producers import role_of
-from quantmatrix.checks import findings
-from quantmatrix.checks.audit import AuditReport, Finding
+from quantmatrix.measure import findings
+from quantmatrix.measure.loaded import AuditReport, Finding
 
 # (float sentinel, byte sentinel) per pass
 SENTINELS = ((float("nan"), 0xA5), (-7.25e4, 0x5A))
@@ -67,7 +67,7 @@ def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.
         masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
     refusals = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
     unloaded = {n: masks[0][n] & masks[1][n] for n in params}
-    return findings.judge_layer(params, unloaded, layer.backend, reads, single_input_scale, layer.num_experts,
+    return findings.measure_layer(params, unloaded, layer.backend, reads, single_input_scale, layer.num_experts,
                                 refusals)
 
 

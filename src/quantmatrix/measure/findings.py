@@ -1,7 +1,8 @@
-"""One layer's parameters judged against one backend's reads: the verdict code the post-load audit
-(checks.sentinel, which finds unloaded elements with two sentinel fills) and the production guard (quantmatrix.guard,
+"""One layer's parameters measured against one backend's reads: the findings the post-load audit
+(measure.sentinel, which finds unloaded elements with two sentinel fills) and the production guard (quantmatrix.guard,
 which records what vLLM's weight loaders wrote) share. Each measures which elements were never loaded; this module
-turns that mask and the loaded values into Findings, so both name the same tensors, experts and kinds."""
+turns that mask and the loaded values into Findings (data, no verdict), so both name the same tensors, experts and
+kinds; checks.audit judges them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from quantmatrix.checkpoints.producers import role_of
-from quantmatrix.checks.audit import AuditReport, Finding
+from quantmatrix.measure.loaded import AuditReport, Finding
 
 SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
 
@@ -22,7 +23,7 @@ def expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.nonzero(mask.reshape(num_experts, -1).any(dim=1)).flatten())
 
 
-def judge_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, torch.Tensor], backend: str,
+def measure_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, torch.Tensor], backend: str,
                 reads: frozenset[str], single_input_scale: bool, num_experts: int,
                 extra: Iterable[Finding] = ()) -> AuditReport:
     """Findings for every parameter of one layer. `unloaded[name]` is a bool mask that broadcasts against the

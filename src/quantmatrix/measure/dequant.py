@@ -1,0 +1,88 @@
+"""The model a checkpoint's files decode to, and how far its logits stray from the bf16 model it was quantized
+from: the measurement behind dequant_logits (checks.checkpoint judges it against the stated bounds). The packed
+weights are decoded by vLLM's own dequantization (adapter.nvfp4), never by the factory's unpack."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.checkpoints import producers
+from quantmatrix.checkpoints.lint import SCHEME, declared
+
+# Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
+INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitError:
+    """The decoded model's logits against the bf16 model's, on the factory's prompts."""
+
+    rel_error: float  # max over prompts of ||dq - bf16|| / ||bf16||
+    top1: float  # mean over prompts of the fraction of positions with the same argmax
+
+
+def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
+    """The bf16 state dict the checkpoint's own files encode, every NVFP4 weight decoded by vLLM's dequantization
+    (adapter.nvfp4), not by the factory's unpack; scales and activation scales dropped, other tensors as
+    stored. A module whose scales do not fit its weight is a checkpoint that cannot be decoded (an error)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantmatrix.adapter import nvfp4 as vllm_nvfp4
+
+    producer = declared(checkpoint_dir)[0].producer
+    names = producers.leaves(producer, SCHEME)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(checkpoint_dir.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == names["weight"] and t.dtype == torch.uint8:
+            global_scale, block_scale = f"{module}.{names['global_scale']}", f"{module}.{names['block_scale']}"
+            missing = [n for n in (global_scale, block_scale) if n not in tensors]
+            if missing:
+                raise ValueError(f"{checkpoint_dir}: {name} is packed NVFP4 but {missing} are missing: the lint "
+                                 "names it; this check cannot decode the weight")
+            scale_2 = tensors[global_scale].float().reshape(())
+            if producer in INVERTED_GLOBAL_SCALE:
+                scale_2 = 1.0 / scale_2
+            state[f"{module}.weight"] = vllm_nvfp4.dequantize(t, tensors[block_scale], scale_2,
+                                                              torch.bfloat16)
+        elif leaf not in producers.quantized_leaves(SCHEME):
+            state[name] = t
+    return state
+
+
+def digest(state: dict[str, Any]) -> str:
+    """Content hash of a state dict: checkpoints that decode to the same bf16 model are compared once."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(state.items()):
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def dequant_error(state: dict[str, Any], bf16_dir: Path) -> LogitError:
+    """Logits of the decoded model (built from the bf16 model's config.json, every tensor required) against the
+    bf16 model's own, on the prompts the factory ships."""
+    import tempfile
+
+    from quantmatrix.checkpoints import base
+
+    prompts = base.prompts()
+    ids = base.encode(bf16_dir, prompts)
+    ref = base.logits(base.load_hf(bf16_dir), ids)
+    with tempfile.TemporaryDirectory(prefix="quantmatrix-dequant-") as tmp:
+        base.write_hf(Path(tmp), {"config.json": json.loads((bf16_dir / "config.json").read_text())}, state, {})
+        dq = base.logits(base.load_hf(Path(tmp)), ids)
+    pairs = list(zip(dq, ref, strict=True))
+    rel = max(((a - b).norm() / b.norm()).item() for a, b in pairs)
+    top1 = sum((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in pairs) / len(pairs)
+    return LogitError(rel, top1)
