@@ -138,15 +138,17 @@ class SuiteRunner:
             outcomes: Mapping[str, str] | None = None, tokens: Mapping[str, list[list[int]]] | None = None,
             top_k: Mapping[str, dict[str, Any]] | None = None,
             vllm: str = "0.11.1", runner: str = "runner-a", xdist: bool = False, args: Sequence[str] = (),
-            family: str = "xunit1", extra_test: str = "", schemes: Mapping[str, str] | None = None
-            ) -> pytest.RunResult:
+            family: str = "xunit1", extra_test: str = "", schemes: Mapping[str, str] | None = None,
+            suite_props: Mapping[str, str] | None = None) -> pytest.RunResult:
         """`outcomes` maps 'check[cell]' to pass/fail/error/skip/waive/xpass/expired/stale/teardown_error;
-        `tokens` and `top_k` ({k, ranked}) to the greedy output that case records."""
+        `tokens` and `top_k` ({k, ranked}) to the greedy output that case records; `suite_props` are more
+        testsuite properties (a MATRIX_CASES record)."""
         spec = {"cells": list(cells), "outcomes": dict(outcomes or {}), "tokens": dict(tokens or {}),
                 "top_k": dict(top_k or {}),
                 "schemes": dict(schemes or {}), "devices": DEVICES,
                 "host": {P.VLLM_VERSION: vllm, P.TORCH_VERSION: "2.9.1", P.RUNNER: runner, P.RUN_ID: name,
-                         P.HOST_ARCH: "x86_64", P.DEVICE_NAME: "cpu", P.MATRIX: "matrix.yaml"}}
+                         P.HOST_ARCH: "x86_64", P.DEVICE_NAME: "cpu", P.MATRIX: "matrix.yaml",
+                         **(suite_props or {})}}
         (self.pytester.path / "spec.json").write_text(json.dumps(spec))
         self.pytester.makeconftest(PLUGIN_STANDIN)
         self.pytester.makepyfile(test_suite=SUITE_HEAD + "".join(SUITE_CHECK.format(check=c) for c in checks)

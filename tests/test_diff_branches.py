@@ -32,10 +32,12 @@ def _prev(cases: dict[str, dict], nights: int = 2, common: dict | None = None) -
     return Previous(f"n{nights + 1}", f"2026-12-0{nights + 1}", older, inputs, cases)
 
 
-def _was(outcome: str, history: str = "", file: int | None = None, **props: str) -> dict:
+def _was(outcome: str, history: str = "", file: int | None = None, tested: str = "", **props: str) -> dict:
     out: dict = {"outcome": outcome, "properties": props, "history": history}
     if file is not None:
         out["file"] = file
+    if tested:
+        out["tested"] = tested
     return out
 
 
@@ -125,10 +127,46 @@ def test_each_tag_from_last_night_to_tonight(before, now, tags):
     assert _diff(_prev({KEY: _was(before)}), _case(now)).tags == tags
 
 
-def test_a_missing_case_of_an_arch_without_a_runner_is_unprovisioned():
-    prev = _prev({KEY: _was("passed")})
-    assert _diff(prev, _case("missing"), provisioned=frozenset({"sm120"})).tags == {"unprovisioned"}
-    assert _diff(prev, _case("missing"), provisioned=frozenset({"sm121"})).tags == {"newly_missing"}
+def test_a_missing_case_of_an_arch_without_a_runner_is_unprovisioned_unless_it_was_tested():
+    """A case of an arch nobody provisions that never ran is only `unprovisioned`; one that ran once is lost
+    coverage like any other (an arch taken out of QM_PROVISIONED_ARCHS does not turn its cases green)."""
+    never = _prev({KEY: _was("skipped")})
+    assert _diff(never, _case("missing"), provisioned=frozenset({"sm120"})).tags == {"unprovisioned"}
+    assert _diff(never, _case("missing"), provisioned=frozenset({"sm121"})).tags == {"newly_missing"}
+    ran = _prev({KEY: _was("passed")})
+    assert _diff(ran, _case("missing"), provisioned=frozenset({"sm120"})).tags == {"newly_missing"}
+    assert _diff(ran, _case("missing"), provisioned=frozenset({"sm121"})).tags == {"newly_missing"}
+
+
+@pytest.mark.parametrize(("was", "now", "tags", "tested"), [
+    (_was("skipped", "skipped passed"), "skipped", {"still_skipped"}, "n1"),  # ran two nights back
+    (_was("skipped", tested="n0"), "skipped", {"still_skipped"}, "n0"),  # ran before the window: `tested` says
+    (_was("missing", "missing", tested="n0"), "missing", {"still_missing"}, "n0"),
+    (_was("skipped", "skipped skipped"), "skipped", set(), ""),  # never ran: nothing was lost
+    (_was("skipped", tested="n0"), "passed", set(), "n3"),  # ran tonight: tested tonight
+    (_was("skipped", tested="n0"), "failed", {"new_failure"}, "n3"),
+])
+def test_a_case_that_ran_once_stays_lost_every_night_it_is_untested(was, now, tags, tested):
+    d = Differ(_prev({KEY: was}), 7, night="n3")
+    c = _case(now)
+    d.case(c)
+    assert (c.tags, c.tested) == (tags, tested)
+    assert c.entry.endswith(f',"tested":"{tested}"}}' if tested else "}")
+
+
+@pytest.mark.parametrize(("expires", "expired", "tags"), [
+    ("2026-12-04", "false", {"acknowledged"}),  # its last day still counts
+    ("2026-12-03", "false", {"still_skipped"}),  # past it: lost again
+    ("2099-01-01", "true", {"still_skipped"}),  # the plugin said it expired
+])
+def test_a_live_waiver_acknowledges_an_untested_case(expires, expired, tags):
+    import datetime
+
+    waiver = {P.WAIVER_REASON: "r", P.WAIVER_LINK: "l", P.WAIVER_EXPIRES: expires, P.WAIVER_EXPIRED: expired}
+    d = Differ(_prev({KEY: _was("skipped", tested="n0")}), 7, night="n3", today=datetime.date(2026, 12, 4))
+    c = _case("skipped", **waiver)
+    d.case(c)
+    assert c.tags == tags
 
 
 def test_alternating_outcomes_are_also_flaky():
@@ -171,30 +209,85 @@ def _input(*archs: str) -> Input:
 
 
 def test_finish_carries_last_nights_cases_as_missing_and_lists_every_tag():
-    prev = _prev({KEY: _was("passed", file=0), OTHER: _was("missing", "failed"),
+    prev = _prev({KEY: _was("passed", file=0), OTHER: _was("missing", "skipped"),
                   "suites/t.py::test_c[gone@sm90-default]": _was("missing", "missing missing")}, nights=2)
     d = Differ(prev, 3)
     tonight = {"suites/t.py::test_d[x@sm121-default]": _case("failed", "suites/t.py::test_d[x@sm121-default]")}
     d.case(tonight["suites/t.py::test_d[x@sm121-default]"])
     out = d.finish(tonight, [_input("sm121")])
     assert sorted(tonight) == sorted([KEY, OTHER, "suites/t.py::test_d[x@sm121-default]"])  # the gone one dropped
-    assert tonight[KEY].message == "no result tonight (last result: n3)"
+    assert tonight[KEY].message == ("no result tonight (tested last on n3, not since: red until it runs again, a "
+                                    "waiver covers it or the matrix drops it)")
     assert tonight[OTHER].message == "no result tonight (last result: n2)"
     assert tonight[KEY].tags == {"newly_missing"} and tonight[OTHER].tags == {"still_missing"}
     assert out == {"new_failures": ["suites/t.py::test_d[x@sm121-default]"], "still_failing": [], "fixed": [],
-                   "newly_skipped": [], "newly_missing": [KEY], "still_missing": [OTHER], "unprovisioned": [],
-                   "flaky": [], "archs_lost": ["sm120"], "nights": d.nights,
+                   "newly_skipped": [], "still_skipped": [], "newly_missing": [KEY], "still_missing": [OTHER],
+                   "unprovisioned": [], "acknowledged": [], "flaky": [], "removed": [], "archs_lost": ["sm120"],
+                   "nights": d.nights,
                    "bisect": {"suites/t.py::test_d[x@sm121-default]": {"last_passed_night": None,
                                                                        "last_passed_vllm": None}}}
 
 
-def test_a_case_missing_in_every_kept_night_but_one_older_is_dropped():
-    prev = _prev({KEY: _was("missing", "missing passed")})
+def test_a_case_that_never_ran_and_is_missing_in_every_kept_night_is_dropped_one_that_ran_is_not():
+    """Only a case with no result in the nights kept and no night it ran goes; one that ran once (here two
+    nights back, outside a window of 2) is carried and stays red, naming the night it last ran."""
+    prev = _prev({KEY: _was("missing", "missing skipped")})
     cases: dict[str, CaseResult] = {}
     Differ(prev, 2).finish(cases, [_input("sm121")])
     assert cases == {}
     Differ(prev, 3).finish(cases, [_input("sm121")])
     assert list(cases) == [KEY]
+    cases = {}
+    Differ(_prev({KEY: _was("missing", "missing passed")}), 2, night="n4").finish(cases, [_input("sm121")])
+    assert cases[KEY].tags == {"still_missing"} and cases[KEY].tested == "n1" and "tested last on n1" in \
+        cases[KEY].message
+
+
+def _record(matrix: str, cells: list[str], waived: list[str] = ()) -> P.MatrixCases:
+    w = [{"reason": "known", "link": "https://x/2", "expires": "2099-01-01", "cases": frozenset(waived)}]
+    return P.MatrixCases(matrix, {"config_dispatch": frozenset(cells)}, w if waived else [])
+
+
+@pytest.mark.parametrize(("records", "kept", "tags"), [
+    ([_record("m.yaml", ["ck@sm120-default"])], False, None),  # its matrix ran tonight without it: dropped
+    ([_record("m.yaml", ["ck@sm121-default"])], True, {"newly_missing"}),  # still defined: lost
+    ([_record("other.yaml", ["x@sm90-default"])], True, {"newly_missing"}),  # its matrix did not run: lost
+    ([_record("m.yaml", ["ck@sm121-default"], ["config_dispatch[ck@sm121-default]"])], True, {"acknowledged"}),
+    ([], True, {"newly_missing"}),
+])
+def test_a_carried_case_is_dropped_only_by_its_own_matrix_and_acknowledged_by_its_waiver(records, kept, tags):
+    from quantmatrix.report.coverage import Defined
+
+    prev = _prev({KEY: _was("passed", file=0)})
+    prev.inputs[0]["properties"] = {P.MATRIX: "m.yaml"}
+    defined = Defined()
+    for r in records:
+        defined.add(r)
+    cases: dict[str, CaseResult] = {}
+    out = Differ(prev, 7, night="n4").finish(cases, [_input("sm120")], defined)
+    assert (KEY in cases) is kept and out["removed"] == ([] if kept else [KEY])
+    if kept:
+        assert cases[KEY].tags == tags and cases[KEY].prop(P.MATRIX) == "m.yaml"
+        assert (cases[KEY].prop(P.WAIVER_REASON) == "known") is (tags == {"acknowledged"})
+
+
+def test_a_summary_of_the_same_night_rewinds_to_the_night_before_it():
+    """A report of tonight written before a late runner arrived is read back as the night before it: each case's
+    outcome and vLLM then, its history before that, and the night it had last run by then."""
+    prev = Previous("n3", "2026-12-03", [{"night": "n2", "date": "2026-12-02"}, {"night": "n1", "date": "d1"}],
+                    [{"path": "a.xml", "common": {P.VLLM_VERSION: "0.12"}, "properties": {P.MATRIX: "m.yaml"}}],
+                    {KEY: _was("passed", "failed@0.11 passed@0.10", file=0, tested="n3"),
+                     OTHER: _was("skipped", "passed@0.11", tested="n2"),
+                     "new": _was("passed", tested="n3")}, updates=2)
+    back = prev.rewound()
+    assert (back.night, back.date, back.nights, back.inputs, back.updates) == (
+        "n2", "2026-12-02", [{"night": "n1", "date": "d1"}], [], 2)
+    assert back.cases == {
+        KEY: {"outcome": "failed", "properties": {P.MATRIX: "m.yaml", P.VLLM_VERSION: "0.11"},
+              "history": "passed@0.10", "tested": "n2"},
+        OTHER: {"outcome": "passed", "properties": {P.VLLM_VERSION: "0.11"}, "history": "", "tested": "n2"}}
+    first = Previous("n1", "d1", [], [], {KEY: _was("passed")})
+    assert first.rewound() is None
 
 
 def test_a_provisioned_arch_without_any_result_is_lost_even_on_a_first_night():
@@ -253,6 +346,7 @@ def test_load_previous_reads_a_summary_and_rebuilds_case_properties(tmp_path):
     ({"cases": {KEY: {"outcome": "passed", "properties": {}, "history": "passed failed"}}},
      f"(ValueError: case {KEY!r} has 2 nights of history, the summary names 1)"),
     ({"cases": [1]}, "previous summary is malformed (TypeError: "),
+    ({"cases": {KEY: {"outcome": "passed", "properties": {}, "tested": 3}}}, "malformed properties, history or file"),
     ({"inputs": [{"path": "x"}]}, "previous summary is malformed (KeyError: 'common')"),
 ])
 def test_load_previous_refuses_a_malformed_summary(tmp_path, change, error):
@@ -368,7 +462,8 @@ def test_finish_carries_a_missing_case_after_one_that_has_a_result():
     assert (carried.outcome, carried.own, carried.common, carried.history) == (
         "missing", {P.ARCH: "sm120"}, {}, "passed failed")
     assert carried.entry == (f'{json.dumps(OTHER)}:{{"outcome":"missing","properties":{{"{P.ARCH}":"sm120"}},'
-                             '"message":"no result tonight (last result: n3)","history":"passed failed"}')
+                             '"message":"no result tonight (tested last on n3, not since: red until it runs again, a '
+                             'waiver covers it or the matrix drops it)","history":"passed failed","tested":"n3"}')
 
 
 def test_finish_drops_a_case_missing_without_history():

@@ -77,15 +77,19 @@ def test_red_stays_red_until_fixed(nights: Nights) -> None:
     assert code == 0 and s["diff"]["fixed"] == [KEY_A]
 
 
-def test_newly_skipped_is_lost_coverage(nights: Nights) -> None:
-    """A case that ran last night and is skipped tonight is a coverage loss (red, exit 1); skipped again
-    the night after is no news."""
+def test_newly_skipped_is_lost_coverage_and_stays_red_while_skipped(nights: Nights) -> None:
+    """A case that ran last night and is skipped tonight is a coverage loss (red, exit 1); skipped again the
+    night after it is still untested (red again, naming the night it last ran), until it runs."""
     nights.run({"cells": [A]})
     code, s, md = nights.run({"cells": [A], "outcomes": {f"config_dispatch[{A}]": "skip"}})
     assert code == 1 and s["diff"]["newly_skipped"] == [KEY_A]
     assert "## Coverage lost (1)" in md and "🕳️" in md
-    code, s, _ = nights.run({"cells": [A], "outcomes": {f"config_dispatch[{A}]": "skip"}})
-    assert code == 0 and s["diff"]["newly_skipped"] == []
+    code, s, md = nights.run({"cells": [A], "outcomes": {f"config_dispatch[{A}]": "skip"}})
+    assert code == 1 and s["diff"]["newly_skipped"] == [] and s["diff"]["still_skipped"] == [KEY_A]
+    assert "still skipped, tested last on n1 (coverage lost)" in md and "1 still untested" in md
+    assert s["cases"][KEY_A]["tested"] == "n1"
+    code, s, _ = nights.run({"cells": [A]})
+    assert code == 0 and s["cases"][KEY_A]["tested"] == "n4"
 
 
 def test_an_arch_that_stops_reporting_is_lost_then_still_lost_then_back(nights: Nights) -> None:
@@ -109,13 +113,22 @@ def test_an_arch_that_stops_reporting_is_lost_then_still_lost_then_back(nights: 
     assert s["cases"][KEY_A]["history"] == "missing missing passed@0.11.1"
 
 
-def test_a_case_missing_for_every_night_kept_is_dropped(junit_suite: SuiteRunner, tmp_path: Path) -> None:
-    """Missing cases are carried only while the history still holds a real result for them."""
+def test_a_missing_case_that_ran_is_red_past_the_history_until_its_matrix_drops_it(junit_suite: SuiteRunner,
+                                                                                   tmp_path: Path) -> None:
+    """A case that ran once and then sends nothing is carried, red, beyond the history window (here 2 nights),
+    naming the night it last ran; when its matrix runs without it (the MATRIX_CASES record no longer defines it)
+    it is dropped, listed once as removed, and the night is green."""
     nights = Nights(junit_suite, tmp_path, history=2)
     nights.run({"cells": [A, B]})
-    for _ in range(2):
-        assert KEY_A in nights.run({"cells": [B]})[1]["cases"]
-    assert KEY_A not in nights.run({"cells": [B]})[1]["cases"]
+    for _ in range(3):
+        code, s, _ = nights.run({"cells": [B]})
+        assert code == 1 and KEY_A in s["cases"] and s["cases"][KEY_A]["tested"] == "n1"
+    assert s["diff"]["still_missing"] == [KEY_A] and "tested last on n1" in s["cases"][KEY_A]["message"]
+    record = P.encode_matrix_cases(P.MatrixCases("matrix.yaml", {"config_dispatch": frozenset([B])}, []))
+    code, s, md = nights.run({"cells": [B], "suite_props": {P.MATRIX_CASES: record}})
+    assert code == 0 and KEY_A not in s["cases"] and s["diff"]["removed"] == [KEY_A]
+    assert "## Removed from the matrix (no longer reported) (1)" in md
+    assert P.MATRIX_CASES not in str(s["inputs"])  # the record is read, not carried into summary.json
 
 
 def test_outcome_alternating_over_nights_is_flaky(nights: Nights) -> None:
@@ -228,7 +241,6 @@ def test_cross_arch_red_outside_the_top_k_and_a_near_tie_only_shown(junit_suite:
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda s: s | {"night": "n2"}, "previous summary is for night 'n2' too"),
     (lambda s: s | {"schema": 2}, "not a quantmatrix summary of schema 1"),
     (lambda s: s | {"cases": {"k": {"outcome": "exploded", "properties": {}}}},
      "previous summary is malformed"),
@@ -254,14 +266,36 @@ def test_unusable_previous_summary_is_a_usage_error(nights: Nights, tmp_path: Pa
 
 def test_only_a_provisioned_arch_without_results_is_lost_coverage(nights: Nights) -> None:
     """With --provisioned "sm120 sm121": an sm121 whose runner sent nothing is lost (named, exit 1), also on
-    the very first night; an arch nobody provisioned (sm100) is not lost, and its carried cases are
-    `unprovisioned`, not missing."""
+    the very first night; an arch nobody provisioned is not lost, and its carried cases that never ran are
+    `unprovisioned`, not missing; but a case that ran there once stays red when its arch is unprovisioned."""
     nights.provisioned = "sm120 sm121"
     code, s, md = nights.run({"cells": [B], "runner": "rtx-pro-6000"})
     assert code == 1 and s["diff"]["archs_lost"] == ["sm121"]
     assert "no results at all from: sm121" in md
     nights.provisioned = "sm120"
-    nights.run({"cells": [A, B]})
+    nights.run({"cells": [A, B], "outcomes": {f"config_dispatch[{A}]": "skip"}})
     code, s, _ = nights.run({"cells": [B]})
     assert code == 0 and s["diff"]["archs_lost"] == [] and s["diff"]["unprovisioned"] == [KEY_A]
     assert s["diff"]["newly_missing"] == []
+    nights.run({"cells": [A, B]})
+    code, s, md = nights.run({"cells": [B]})
+    assert code == 1 and s["diff"]["unprovisioned"] == [] and s["diff"]["newly_missing"] == [KEY_A]
+    assert "sm121 is not provisioned" in s["cases"][KEY_A]["message"]
+
+
+def test_a_late_runner_updates_the_nights_report_in_place(nights: Nights) -> None:
+    """The later cron reports night n2 with sm121 still out; when sm121 arrives, the same night is reported again
+    against that partial report: the diff is against n1 (not against n2's own partial), nothing is counted
+    twice, the report says it is this night's second, and the night is green."""
+    sm120 = {"cells": [B], "runner": "rtx-pro-6000"}
+    sm121 = {"cells": [A], "runner": "gb10"}
+    nights.run(sm120, sm121)
+    code, s, md = nights.run(sm120)
+    assert code == 1 and s["night"] == "n2" and s["diff"]["newly_missing"] == [KEY_A]
+    partial = nights.previous
+    nights.n -= 1  # the same night, reported again
+    code, s, md = nights.run(sm120, sm121)
+    assert nights.previous == partial and code == 0, md  # the same outputs, rewritten
+    assert (s["night"], s["previous_night"], s["updates"]) == ("n2", "n1", 2)
+    assert s["cases"][KEY_A]["history"] == "passed@0.11.1" and s["diff"]["newly_missing"] == []
+    assert "report 2 of this night" in md and "sm121 (gb10) at 20" in md

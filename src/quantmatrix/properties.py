@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # ------------------------------------------------------------ the case's cell (the plugin, on every case)
@@ -29,10 +29,19 @@ DEVICE_NAME, DEVICE_CAPABILITY = "device_name", "device_capability"  # every GPU
 # ---------------------------------------------------------------------------------- testsuite only
 MATRIX, TIME_LIMIT_S, HOST_ARCH, RUN_ID = "matrix", "time_limit_s", "host_arch", "run_id"
 VLLM_HEALTH = "vllm_health"  # the suite's health record: `ok (...)` or `broken: ...` (adapter.health)
+# every case the matrix defines and its waivers (encode_matrix_cases), so the report can tell a case the matrix
+# dropped from one that went untested
+MATRIX_CASES = "matrix_cases"
+# a file the nightly's arch job writes when it could not test at all: `<cause>: <detail>` (CAUSES), with ARCH
+SETUP_FAILURE = "setup_failure"
+CAUSES = {"install": "the vLLM under test did not install", "vllm_import": "the vLLM under test does not import",
+          "no_wheel": "no vLLM wheel for this CPU architecture at this commit", "refused": "the runner refused the job",
+          "pytest": "pytest could not test"}
 
 # ------------------------------------------------------------------------------ a case under a waiver
 WAIVER_REASON, WAIVER_LINK = "waiver_reason", "waiver_link"
 WAIVER_EXPIRES, WAIVER_EXPIRED = "waiver_expires", "waiver_expired"  # expired: "true" / "false"
+WAIVER_PROPERTIES = frozenset({WAIVER_REASON, WAIVER_LINK, WAIVER_EXPIRES, WAIVER_EXPIRED})
 
 # ---------------------------------------------------------------- a case the vLLM health gate failed
 NOT_TESTED, VLLM_BROKEN = "not_tested", "vllm_broken"  # not_tested=vllm_broken: the report's "not tested"
@@ -129,3 +138,46 @@ def decode_top_k(raw: str | None) -> TopK | None:
             and _int_lists(value.get("ranked"), 3)):
         return None
     return TopK(value["k"], value["ranked"])
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixCases:
+    """MATRIX_CASES: the matrix (its path from the project root), each check's cells, and each waiver with the
+    cases it covers as `check[cell]`."""
+
+    matrix: str
+    cases: Mapping[str, frozenset[str]]
+    waivers: Sequence[Mapping[str, Any]]  # {reason, link, expires, cases}
+
+    def defines(self, check: str, cell: str) -> bool:
+        return cell in self.cases.get(check, ())
+
+    def waiver(self, case_id: str) -> dict[str, str] | None:
+        """reason, link and expires of the waiver covering `check[cell]`, if any."""
+        for w in self.waivers:
+            if case_id in w["cases"]:
+                return {k: w[k] for k in ("reason", "link", "expires")}
+        return None
+
+
+def encode_matrix_cases(found: MatrixCases) -> str:
+    return json.dumps({"matrix": found.matrix, "cases": {k: sorted(v) for k, v in found.cases.items()},
+                       "waivers": [dict(w, cases=sorted(w["cases"])) for w in found.waivers]}, separators=(",", ":"))
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def decode_matrix_cases(raw: str | None) -> MatrixCases | None:
+    """MATRIX_CASES read back; None when absent or not of that shape (a report reads any file, never raises)."""
+    value = _json(raw)
+    if not (isinstance(value, dict) and isinstance(value.get("matrix"), str) and isinstance(value.get("cases"), dict)
+            and all(_strings(v) for v in value["cases"].values()) and isinstance(value.get("waivers"), list)):
+        return None
+    waivers = value["waivers"]
+    if not all(isinstance(w, dict) and all(isinstance(w.get(k), str) for k in ("reason", "link", "expires"))
+               and _strings(w.get("cases")) for w in waivers):
+        return None
+    return MatrixCases(value["matrix"], {k: frozenset(v) for k, v in value["cases"].items()},
+                       [dict(w, cases=frozenset(w["cases"])) for w in waivers])

@@ -1,8 +1,9 @@
 """`quantmatrix report`: merge the runners' JUnit files into summary.json, matrix.md and index.html.
 
 Exit status: 0 nothing is red; 1 something is (the nightly job's verdict): a failing case without a live waiver,
-new or still failing, a case that stopped being tested or is still untested, a provisioned arch with no results
-(red stays red until fixed or waived); 2 the command or its input was wrong (raised as ReportError, printed by
+new or still failing, a case that ran once and is untested tonight (however long ago it ran), a provisioned arch
+with no results, an arch job that could not test, a nightly run that did not complete (red stays red until fixed,
+waived or dropped from the matrix); 2 the command or its input was wrong (raised as ReportError, printed by
 quantmatrix.cli.main), or an input file could not be read (the outputs are still written from the rest, each bad
 file named on stderr; `--allow-bad-inputs` makes that a partial night instead, judged on what was read).
 """
@@ -37,7 +38,11 @@ def register(sub: Any) -> None:
     p.add_argument("--previous", metavar="SUMMARY", help="last night's summary.json")
     p.add_argument("--history", type=int, default=7, metavar="N", help="nights of history kept (default 7)")
     p.add_argument("--date", help="date of this run, YYYY-MM-DD (default: today)")
-    p.add_argument("--night", help="label of this run (default: the date)")
+    p.add_argument("--night", help="label of this run (default: the date); with a --previous summary of this same "
+                   "label, the report replaces that one (a late runner arrived) and diffs against the night before")
+    p.add_argument("--conclusion", default="", metavar="CONCLUSION",
+                   help="the nightly run's conclusion as GitHub gives it (success, failure, cancelled, timed_out, "
+                        "...): one that did not complete makes the night red whatever arrived")
     p.add_argument("--provisioned", metavar="ARCHS", help="the archs that have a runner, comma- or space-separated "
                    "(the nightly passes the repository variable QM_PROVISIONED_ARCHS): a provisioned arch with no "
                    "results is lost coverage, a missing case of any other arch is not (default: every arch counts)")
@@ -67,14 +72,15 @@ def _run(args: argparse.Namespace) -> int:
     files, bad = find_inputs(args.inputs)
     provisioned = frozenset(args.provisioned.replace(",", " ").split()) if args.provisioned is not None else None
     report = build(files, args.previous, night=args.night or date.isoformat(), date=date, history=args.history,
-                   jobs=max(1, args.jobs), bad=bad, provisioned=provisioned)
+                   jobs=max(1, args.jobs), bad=bad, provisioned=provisioned, conclusion=args.conclusion)
     paths = write(report, args.out, max(1, args.jobs))
+    print(f"quantmatrix report: night {report.night}: {report.headline()}")
     d = report.diff
-    untested = len(d["newly_skipped"]) + len(d["newly_missing"])
+    untested = len(report.lost())
     print(f"quantmatrix report: {len(report.inputs)} files ({len(report.bad_inputs)} bad), "
           f"{len(report.cases)} cases: {len(d['new_failures'])} new failures, "
           f"{len(d['still_failing'])} still failing, "
-          f"{len(d['fixed'])} fixed, {untested} newly untested, {len(d['flaky'])} flaky, "
+          f"{len(d['fixed'])} fixed, {untested} untested, {len(d['flaky'])} flaky, "
           f"{len(report.disagreements)} cross-arch disagreements ({report.diverged()} outside the top-k) -> "
           f"{paths['html']}")
     for b in report.bad_inputs:

@@ -16,7 +16,7 @@ from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import OptionError
 from quantmatrix.host.detect import Host, detect
 from quantmatrix.pytest_plugin import fixtures, gates, health, hooks, options
-from quantmatrix.pytest_plugin.junit import stamp_testsuite_properties
+from quantmatrix.pytest_plugin.junit import matrix_cases, matrix_name, stamp_testsuite_properties
 from quantmatrix.pytest_plugin.options import MATRIX_HELP
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, case_of, resolve
 from quantmatrix.schema.load import DEFAULT_MATRIX
@@ -143,7 +143,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not xml or hasattr(config, "workerinput") or s is None or s.matrix is None or not Path(xml).is_file():
         return
     archs = s.host.archs(s.matrix) if s.host else []
-    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()), P.MATRIX: str(s.matrix.path),
+    stamp_testsuite_properties(Path(xml), {**dict(s.host_properties()),
+                                           P.MATRIX: matrix_name(s.matrix, config.rootpath),
+                                           P.MATRIX_CASES: matrix_cases(s.matrix, config.rootpath, s.today),
                                            P.TIME_LIMIT_S: str(s.time_limit or ""),
                                            P.HOST_ARCH: " ".join(a.name for a in archs),
                                            P.RUN_ID: s.run_id,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from quantmatrix import properties as P
-from quantmatrix.errors import ReportError
+from quantmatrix.report.coverage import Defined
 from quantmatrix.report.crossarch import agreement
 from quantmatrix.report.diff import Differ, load_previous
 from quantmatrix.report.model import PASS, RED, SCHEMA, CaseResult, Input, NightReport, natural, summary_entry
@@ -33,6 +33,7 @@ class _Merged:
     bad: list[dict[str, str]]
     cases: dict[str, CaseResult]
     with_tokens: list[str]  # keys of the cases that stored greedy token ids, for the cross-arch comparison
+    defined: Defined  # what tonight's matrices define (each file's MATRIX_CASES record, kept out of summary.json)
 
 
 def _fold(reads: Iterable[FileRead], diff: Differ) -> _Merged:
@@ -42,7 +43,7 @@ def _fold(reads: Iterable[FileRead], diff: Differ) -> _Merged:
     error as two <testcase>s), so they combine; entries in different files are reruns, ordered by time.
     Each case is diffed as it arrives, while the workers still parse the files after it.
     """
-    m = _Merged([], [], {}, [])
+    m = _Merged([], [], {}, [], Defined())
     inputs, cases, with_tokens = m.inputs, m.cases, m.with_tokens
     first: dict[str, tuple[int, Row]] = {}  # a case's first entry, and the input it came from
     dups: dict[str, list[tuple[int, Row]]] = {}
@@ -52,7 +53,9 @@ def _fold(reads: Iterable[FileRead], diff: Differ) -> _Merged:
             continue
         idx = len(inputs)
         archs = sorted({row.axes[1] for row in read.rows}, key=natural)
-        inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common))
+        m.defined.add(P.decode_matrix_cases(read.properties.pop(P.MATRIX_CASES, None)))
+        stamp = read.rows[0].stamp if read.rows else ""
+        inputs.append(Input(read.path, len(read.rows), archs, read.properties, read.common, stamp))
         common = read.common
         tokens_common = P.GREEDY_TOKEN_IDS in common
         for row in read.rows:
@@ -96,20 +99,22 @@ def _rerun(key: str, entries: list[tuple[int, Row]], inputs: list[Input]) -> Cas
 
 def build(paths: list[str], previous: str | Path | None, *, night: str, date: datetime.date, history: int = 7,
           jobs: int = 1, bad: list[dict[str, str]] | None = None,
-          provisioned: frozenset[str] | None = None) -> NightReport:
-    """Merge `paths`, diff against the `previous` summary.json and compare archs; nothing written yet."""
+          provisioned: frozenset[str] | None = None, conclusion: str = "") -> NightReport:
+    """Merge `paths`, diff against the `previous` summary.json and compare archs; nothing written yet. A previous
+    summary of this same night (written before a late runner arrived) is replaced: the diff is against the night
+    before it, and the report counts one more update of this night."""
     with reading(paths, date, jobs) as reads:
         prev = load_previous(previous) if previous is not None else None  # while the workers parse
+        updates = 1
         if prev is not None and prev.night == night:
-            raise ReportError(f"the previous summary is for night {night!r} too; pass last night's "
-                              "summary.json or name this run with --night")
-        differ = Differ(prev, history, provisioned)
+            updates, prev = prev.updates + 1, prev.rewound()
+        differ = Differ(prev, history, provisioned, night=night, today=date)
         merged = _fold(reads, differ)
-    diff = differ.finish(merged.cases, merged.inputs)
+    diff = differ.finish(merged.cases, merged.inputs, merged.defined)
     cases = {k: merged.cases[k] for k in sorted(merged.cases)}  # every output lists cases in this order
     disagreements = agreement(cases[k] for k in sorted(set(merged.with_tokens)))
     return NightReport(night, date.isoformat(), prev.night if prev else None, history, diff.pop("nights"),
-                       merged.inputs, (bad or []) + merged.bad, cases, diff, disagreements)
+                       merged.inputs, (bad or []) + merged.bad, cases, diff, disagreements, updates, conclusion)
 
 
 def summary_json(report: NightReport) -> str:
@@ -117,8 +122,9 @@ def summary_json(report: NightReport) -> str:
     head = json.dumps({
         "schema": SCHEMA, "generated_by": "quantmatrix report", "night": report.night, "date": report.date,
         "previous_night": report.previous_night, "history_nights": report.history_nights,
-        "nights": report.nights, "exit_code": report.exit_code, "totals": report.totals(),
-        "inputs": [{"path": i.path, "cases": i.cases, "archs": i.archs, "properties": i.properties,
+        "nights": report.nights, "updates": report.updates, "conclusion": report.conclusion,
+        "exit_code": report.exit_code, "headline": report.headline(), "totals": report.totals(),
+        "inputs": [{"path": i.path, "cases": i.cases, "archs": i.archs, "stamp": i.stamp, "properties": i.properties,
                     "common": i.common} for i in report.inputs],
         "bad_inputs": report.bad_inputs, "diff": report.diff, "disagreements": report.disagreements,
     }, separators=(",", ":"), allow_nan=False)

@@ -1,12 +1,15 @@
 """Tonight against last night: last night's summary.json, the history it carries, and the diff tags.
 
-summary.json is the only memory between nights: each case's history travels in it, so tomorrow's diff
-needs tonight's summary and nothing else.
+summary.json is the only memory between nights: each case's history (and the night it last ran) travels in it,
+so tomorrow's diff needs tonight's summary and nothing else. A summary of tonight's own night (the report of a
+night some runners had not reached yet) is rewound to the night before it, so a late runner updates the night's
+report in place instead of becoming a night of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 
 from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
+from quantmatrix.report.coverage import Defined, last_tested, untested_message, waiver_live, waiver_properties
 from quantmatrix.report.model import OUTCOMES, PASS, RAN, RED, SCHEMA, CaseResult, Input, natural, summary_entry
 from quantmatrix.report.read import axes_of
 
@@ -27,11 +31,42 @@ class Previous:
     nights: list[dict[str, str]]
     inputs: list[dict[str, Any]]
     cases: dict[str, dict[str, Any]]
+    updates: int = 1  # reports written of this night so far (a late runner's arrival adds one)
 
     def props(self, case: Mapping[str, Any]) -> dict[str, str]:
+        """A case's full properties, with the matrix its file ran (a carried case keeps it: report.coverage)."""
         f = case.get("file")
         own = case["properties"]
-        return {**self.inputs[f]["common"], **own} if f is not None else dict(own)
+        if f is None:
+            return dict(own)
+        matrix = self.inputs[f]["properties"].get(P.MATRIX)
+        return {**({P.MATRIX: matrix} if matrix is not None else {}), **self.inputs[f]["common"], **own}
+
+    def tested(self, case: Mapping[str, Any]) -> str:
+        """The night the case last ran, as of this summary's night."""
+        return last_tested(case, self.nights, self.night)
+
+    def rewound(self) -> Previous | None:
+        """This summary as the night before it would have been (None: it was the first night): each case's
+        outcome, vLLM and `tested` then, from its history. Tonight's report then replaces this one."""
+        if not self.nights:
+            return None
+        cases = {}
+        for key, c in self.cases.items():
+            head, _, older = c.get("history", "").partition(" ")
+            if not head:
+                continue  # first seen on this night
+            outcome, _, vllm = head.partition("@")
+            props = {k: v for k, v in self.props(c).items() if k != P.VLLM_VERSION}
+            if vllm:
+                props[P.VLLM_VERSION] = vllm
+            then = {"outcome": outcome, "properties": props, "history": older}
+            tested = c.get("tested", "")
+            then["tested"] = last_tested(then, self.nights[1:], self.nights[0]["night"]) if tested == self.night \
+                else tested
+            cases[key] = then
+        back = self.nights[0]
+        return Previous(back["night"], back["date"], self.nights[1:], [], cases, self.updates)
 
 
 def load_previous(path: str | Path) -> Previous:
@@ -48,7 +83,7 @@ def load_previous(path: str | Path) -> Previous:
         raise ReportError(f"{path}: not a quantmatrix summary of schema {SCHEMA} (schema: {got!r})")
     try:
         prev = Previous(str(data["night"]), str(data["date"]), list(data["nights"]), list(data["inputs"]),
-                        dict(data["cases"]))
+                        dict(data["cases"]), int(data.get("updates", 1)))
         for i, night in enumerate(prev.nights):
             if type(night) is not dict or type(night.get("night")) is not str or type(night.get("date")) is not str:
                 raise ValueError(f"nights[{i}] is not {{night: str, date: str}}: {str(night)[:100]}")
@@ -60,7 +95,8 @@ def load_previous(path: str | Path) -> Previous:
             f = c.get("file")
             history = c.get("history", "")
             if type(c) is not dict or c["outcome"] not in outcomes or type(c["properties"]) is not dict or \
-                    type(history) is not str or not (f is None or (type(f) is int and f in files)):
+                    type(history) is not str or not (f is None or (type(f) is int and f in files)) or \
+                    type(c.get("tested", "")) is not str:
                 raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties, "
                                  "history or file")
             if history.count(" ") >= kept and len(history.split()) > kept:  # the cheap test first
@@ -101,14 +137,17 @@ class Differ:
     """Tags cases against last night one at a time (as they are merged), then carries what vanished as
     `missing` (a coverage loss) and lists every tag."""
 
-    def __init__(self, prev: Previous | None, history: int, provisioned: frozenset[str] | None = None) -> None:
-        self.prev, self.keep = prev, history
-        # the archs that have a runner (None: every arch counts); a missing case of any other arch is no lost
-        # coverage, only a cell nobody is set up to run
+    def __init__(self, prev: Previous | None, history: int, provisioned: frozenset[str] | None = None, *,
+                 night: str = "", today: datetime.date | None = None) -> None:
+        self.prev, self.keep, self.night = prev, history, night
+        self.today = today or datetime.date.today()
+        # the archs that have a runner (None: every arch counts); a missing case of any other arch that never ran
+        # is no lost coverage, only a cell nobody is set up to run
         self.provisioned = provisioned
         self.pcases = prev.cases if prev else {}
         self.nights = ([{"night": prev.night, "date": prev.date}] + prev.nights)[:history] if prev else []
         self.bisect: dict[str, dict[str, Any]] = {}
+        self.removed: list[str] = []  # carried cases the matrix no longer defines
         # the vLLM version of each of last night's files, as history writes it (entries are space-separated)
         self.file_vllm = [_no_space(i["common"].get(P.VLLM_VERSION, i["properties"].get(P.VLLM_VERSION)))
                           for i in prev.inputs] if prev else []
@@ -121,10 +160,11 @@ class Differ:
         return self.file_vllm[f] if f is not None else None
 
     def case(self, c: CaseResult) -> None:
-        """Give `c` its history and tags, then seal its summary entry; called again for a folded rerun."""
+        """Give `c` its history, last-tested night and tags, then seal its summary entry; called again for a
+        folded rerun."""
         key = c.key
         pc = self.pcases.get(key)
-        before = None
+        before, tested = None, ""
         if pc is not None:
             before = pc["outcome"]
             vllm = self._vllm(pc) if before != "missing" else None
@@ -133,25 +173,23 @@ class Differ:
             if h.count(" ") >= self.keep:  # keep `history` nights
                 h = h.rsplit(" ", h.count(" ") - self.keep + 1)[0]
             c.history = h.rstrip()
+            tested = self.prev.tested(pc)  # type: ignore[union-attr]
         now = c.outcome
+        c.tested = self.night if now in RAN else tested
         self.bisect.pop(key, None)  # a rerun folded into this case may have been a new failure
         if now in RED:
-            if before in RED:
-                c.tag("still_failing")
-            else:
-                c.tag("new_failure")
-                if self.prev is not None:  # the first night has nothing to bisect against
-                    entries = history_entries(c.history)
-                    last = next((i for i, (o, _) in enumerate(entries) if o in PASS), None)
-                    self.bisect[key] = {
-                        "last_passed_night": self.nights[last]["night"] if last is not None else None,
-                        "last_passed_vllm": entries[last][1] if last is not None else None}
+            self._red(c, before)
         elif now in PASS and before in RED:
             c.tag("fixed")
-        elif now == "skipped" and before in RAN:
-            c.tag("newly_skipped")
+        elif now == "skipped" and tested:
+            if waiver_live(c.props, self.today):
+                c.tag("acknowledged")
+            else:
+                c.tag("newly_skipped" if before in RAN else "still_skipped")
         elif now == "missing":
-            if self.provisioned is not None and c.arch not in self.provisioned:
+            if waiver_live(c.props, self.today):
+                c.tag("acknowledged")
+            elif not tested and self.provisioned is not None and c.arch not in self.provisioned:
                 c.tag("unprovisioned")
             else:
                 c.tag("still_missing" if before == "missing" else "newly_missing")
@@ -159,26 +197,61 @@ class Differ:
             c.tag("flaky")
         c.seal()
 
-    def finish(self, cases: dict[str, CaseResult], inputs: list[Input]) -> dict[str, Any]:
+    def _red(self, c: CaseResult, before: str | None) -> None:
+        if before in RED:
+            c.tag("still_failing")
+            return
+        c.tag("new_failure")
+        if self.prev is not None:  # the first night has nothing to bisect against
+            entries = history_entries(c.history)
+            last = next((i for i, (o, _) in enumerate(entries) if o in PASS), None)
+            self.bisect[c.key] = {
+                "last_passed_night": self.nights[last]["night"] if last is not None else None,
+                "last_passed_vllm": entries[last][1] if last is not None else None}
+
+    def _carry(self, key: str, pc: Mapping[str, Any], defined: Defined) -> CaseResult | None:
+        """Last night's case that sent no result tonight, as `missing`; None when it is gone for good: the
+        matrix no longer defines it, or it never ran, neither in the nights kept nor before."""
+        prev = self.prev
+        assert prev is not None
+        hist = [pc["outcome"]] + [o for o, _ in history_entries(pc.get("history", ""))][: self.keep - 1]
+        seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
+        tested = prev.tested(pc)
+        if seen is None and not tested:
+            return None
+        props = prev.props(pc)
+        axes = axes_of(key, props)
+        probe = CaseResult(key, "missing", props, {}, axes, "")
+        if defined.removed(probe):
+            self.removed.append(key)
+            return None
+        if defined.knows(probe):  # tonight's matrix says whether a waiver covers it; else the last one known holds
+            waiver = defined.waiver(probe)
+            props = {k: v for k, v in props.items() if k not in P.WAIVER_PROPERTIES}
+            props |= waiver_properties(waiver) if waiver is not None else {}
+        if tested:
+            message = f"no result tonight ({untested_message(probe, tested, self.provisioned)})"
+        else:
+            message = f"no result tonight (last result: {self.nights[seen]['night']})"  # type: ignore[index]
+        return CaseResult(key, "missing", props, {}, axes, summary_entry(key, "missing", props, 0.0, message, ""),
+                          message)
+
+    def finish(self, cases: dict[str, CaseResult], inputs: list[Input],
+               defined: Defined | None = None) -> dict[str, Any]:
         """Add last night's cases that have no result tonight to `cases` (as missing); return the diff."""
         for key, pc in self.pcases.items():
-            if key in cases:
-                continue
-            hist = [pc["outcome"]] + [o for o, _ in history_entries(pc.get("history", ""))][: self.keep - 1]
-            seen = next((i for i, o in enumerate(hist) if o != "missing"), None)
-            if seen is not None:  # a case without a result in any night kept is dropped
-                props = self.prev.props(pc)  # type: ignore[union-attr]
-                message = f"no result tonight (last result: {self.nights[seen]['night']})"
-                cases[key] = c = CaseResult(key, "missing", props, {}, axes_of(key, props),
-                                            summary_entry(key, "missing", props, 0.0, message, ""), message)
+            if key not in cases and (c := self._carry(key, pc, defined or Defined())) is not None:
+                cases[key] = c
                 self.case(c)
         d: dict[str, Any] = {k: [] for k in ("new_failures", "still_failing", "fixed", "newly_skipped",
-                                             "newly_missing", "still_missing", "unprovisioned", "flaky")}
+                                             "still_skipped", "newly_missing", "still_missing", "unprovisioned",
+                                             "acknowledged", "flaky")}
         for key, c in cases.items():
             for tag in c.tags:
                 d["new_failures" if tag == "new_failure" else tag].append(key)
         for v in d.values():
             v.sort()
+        d["removed"] = sorted(self.removed)
         d["bisect"] = dict(sorted(self.bisect.items()))
         have = {arch for i in inputs for arch in i.archs}
         lost = {c.arch for k in d["newly_missing"] + d["still_missing"] if (c := cases[k]).arch not in have}

@@ -19,10 +19,17 @@ SCHEMA = 1  # of summary.json; load_previous refuses any other
 PASS = frozenset({"passed", "xpassed"})
 RED = frozenset({"failed", "error"})
 RAN = PASS | RED | {"waived"}
-LOST = frozenset({"newly_skipped", "newly_missing", "still_missing"})
+# a case that ran once and is untested tonight, with nothing to say why (report.coverage): red every night
+LOST = frozenset({"newly_skipped", "still_skipped", "newly_missing", "still_missing"})
 DISAGREE, DIVERGED = "disagree", "diverged"  # case tags: any cross-arch difference; one outside the top-k (red)
 OUTCOMES = ("failed", "error", "missing", "skipped", "waived", "xpassed", "passed")
 NOT_TESTED = "not tested (vLLM broken)"
+# the nightly run's conclusions (GitHub's words) that make the night red whatever arrived, each in words
+BAD_CONCLUSIONS = {"cancelled": "was cancelled or replaced by a newer run: this night is incomplete",
+                   "timed_out": "timed out: this night is incomplete",
+                   "failure": "failed: a job could not run its cases (see the run)",
+                   "startup_failure": "did not start", "stale": "went stale: this night is incomplete",
+                   "skipped": "was skipped: no runner ran", "action_required": "waits for an approval nobody gave"}
 LOG_LINES, LOG_CHARS, MESSAGE_CHARS = 40, 4000, 1000
 NONE = "(none)"  # the axis value of a case that names no cell; sorted last
 # one encoder, not one per call; strict JSON (no NaN), which summary.json promises its readers
@@ -73,6 +80,7 @@ class CaseResult:
     # containers for each of them is a measurable part of the 5 s budget.
     attempts: tuple[str, ...] = ()
     history: str = ""  # see diff.history_entries()
+    tested: str = ""  # the night it last ran (report.coverage): kept for as long as the case is
     tags: frozenset[str] = frozenset()
 
     def tag(self, name: str) -> None:
@@ -88,6 +96,8 @@ class CaseResult:
             entry += f',"file":{self.file}'
         if self.history:
             entry += f',"history":{json_string(self.history)}'
+        if self.tested:
+            entry += f',"tested":{json_string(self.tested)}'
         if self.attempts:
             entry += f',"attempts":{compact_json(list(self.attempts))}'
         self.entry = entry + "}"
@@ -116,6 +126,18 @@ class Input:
     archs: list[str]
     properties: dict[str, str]
     common: dict[str, str]
+    stamp: str = ""  # when its run started (the suite's timestamp): the page says which runner reported when
+
+    def setup_failure(self) -> str | None:
+        """The line of a file the arch job wrote because it could not test (SETUP_FAILURE), else None."""
+        record = self.properties.get(P.SETUP_FAILURE)
+        if record is None:
+            return None
+        cause, _, detail = record.partition(": ")
+        arch = self.properties.get(P.ARCH) or "an arch"
+        runner = self.properties.get(P.RUNNER)
+        return (f"{arch}{f' ({runner})' if runner else ''} not tested: {P.CAUSES.get(cause, cause)}"
+                + (f": {detail}" if detail else ""))
 
 
 @dataclasses.dataclass
@@ -132,6 +154,8 @@ class NightReport:
     cases: dict[str, CaseResult]
     diff: dict[str, Any]
     disagreements: list[dict[str, Any]]
+    updates: int = 1  # reports of this night so far: a late runner updates the night's report in place
+    conclusion: str = ""  # the nightly run's conclusion as GitHub gave it ("" when not a nightly)
 
     def vllm_version(self, case: CaseResult) -> str | None:
         v = case.prop(P.VLLM_VERSION)
@@ -163,12 +187,52 @@ class NightReport:
     @property
     def exit_code(self) -> int:
         """1 while anything is red: a failing or erroring case (new or still; a live waiver makes it `waived`),
-        a case that stopped being tested or is still untested, a provisioned arch with no results. Red stays red
-        until it is fixed or waived, never just because it was already red last night."""
-        d = self.diff
-        red = any(c.outcome in RED for c in self.cases.values()) or self.diverged()
-        lost = d["newly_skipped"] or d["newly_missing"] or d["still_missing"] or d["archs_lost"]
-        return 1 if red or lost else 0
+        a case that ran once and is untested tonight (report.coverage), a provisioned arch with no results, an
+        arch job that could not test, a nightly run that did not complete. Red stays red until it is fixed,
+        waived or dropped from the matrix, never just because it was already red last night."""
+        return 1 if self.reasons() else 0
+
+    def setup_failures(self) -> list[str]:
+        return [line for i in self.inputs if (line := i.setup_failure()) is not None]
+
+    def night_problems(self) -> list[str]:
+        """The night's own red lines: a run that did not complete, each arch job that could not test."""
+        run = [f"the nightly run {BAD_CONCLUSIONS[self.conclusion]}"] if self.conclusion in BAD_CONCLUSIONS else []
+        return run + self.setup_failures()
+
+    def reasons(self) -> list[str]:
+        """Why the night is red, most urgent first (empty: green)."""
+        d, out = self.diff, self.night_problems()
+        if d["archs_lost"]:
+            out.append(f"no results at all from {', '.join(d['archs_lost'])}")
+        red = sum(c.outcome in RED for c in self.cases.values())
+        untested = sum(len(d[k]) for k in LOST)
+        if red or untested:
+            out.append(f"{len(d['new_failures'])} new failures, {len(d['still_failing'])} still failing, "
+                       f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested, "
+                       f"{len(d['still_skipped']) + len(d['still_missing'])} still untested")
+        if diverged := self.diverged():
+            out.append(f"{diverged} cross-arch divergences outside the top-k")
+        return out
+
+    def lost(self) -> list[str]:
+        """The keys of the cases untested tonight with nothing to say why (LOST), sorted."""
+        return sorted({k for tag in LOST for k in self.diff[tag]})
+
+    def headline(self) -> str:
+        """The night's verdict in one line: the job log's, matrix.md's and the page's."""
+        reasons = self.reasons()
+        return "❌ " + "; ".join(reasons) if reasons else "✅ nothing is failing and nothing stopped being tested"
+
+    def reported(self) -> list[str]:
+        """Who reported, and when: `sm120 (rtx-pro-6000) at 2026-12-02T02:40:11`, one per file with results."""
+        out = []
+        for i in self.inputs:
+            if i.setup_failure() is None:
+                p = {**i.common, **i.properties}
+                runner = f" ({p[P.RUNNER]})" if p.get(P.RUNNER) else ""
+                out.append(f"{', '.join(i.archs) or 'no cases'}{runner} at {i.stamp or 'an unknown time'}")
+        return out
 
     def diverged(self) -> int:
         """Cross-arch disagreements outside the top-k (report.crossarch): red like a failure."""

@@ -44,11 +44,12 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
 
     details = {i: _detail(report, c) for i, c in enumerate(cases) if flags[i] or c.outcome != "passed"}
     d = report.diff
-    lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
+    lost = report.lost()
     disagreements = [{"text": describe_disagreement(x), "red": sum(y["red"] for y in x["differs"]),
                       "cases": [index(y["case"]) for y in x["differs"]]} for x in report.disagreements]
     return {
         "night": report.night, "previous": report.previous_night, "exit": report.exit_code,
+        "headline": report.headline(), "reported": report.reported(), "updates": report.updates,
         "totals": report.totals(), "archs_lost": d["archs_lost"], "outcomes": list(OUTCOMES),
         "rows": [[r, g.schemes.get(r, "")] for r in g.rows], "cols": [list(c) for c in g.cols],
         "checks": checks, "cases": cols, "details": details,
@@ -57,14 +58,16 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
                   "Still failing": [index(k) for k in d["still_failing"]],
                   "Fixed": [index(k) for k in d["fixed"]], "Flaky": [index(k) for k in d["flaky"]]},
         "disagreements": disagreements,
-        "bad": report.bad_inputs, "vllm_broken": report.vllm_broken(),
+        # the night's own red lines, one paragraph each: a broken vLLM, an arch job that could not test, a run
+        # that did not complete
+        "bad": report.bad_inputs, "vllm_broken": report.vllm_broken() + report.night_problems(),
         "runs": [_run(i) for i in report.inputs],
     }
 
 
 def _run(inp: Input) -> dict[str, Any]:
     p = {**inp.common, **inp.properties}
-    return {"path": inp.path, "cases": inp.cases, "arch": ", ".join(inp.archs),
+    return {"path": inp.path, "cases": inp.cases, "arch": ", ".join(inp.archs), "stamp": inp.stamp,
             **{k: p.get(k, "") for k in (P.RUNNER, P.DEVICE_NAME, P.VLLM_VERSION, P.TORCH_VERSION)}}
 
 

@@ -88,7 +88,8 @@ def _case_line(report: NightReport, c: CaseResult) -> str:
         else:
             line += f" — no pass in the last {report.history_nights} nights kept (now vLLM {_text(now)})"
     if c.tags & LOST and c.outcome != "missing":
-        line += " — newly skipped (coverage lost)"
+        line += (" — newly skipped (coverage lost)" if "newly_skipped" in c.tags else
+                 f" — still skipped, tested last on {_text(c.tested)} (coverage lost)")
     if "flaky" in c.tags:
         line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if c.attempts else "")
     return line
@@ -97,23 +98,22 @@ def _case_line(report: NightReport, c: CaseResult) -> str:
 def render(report: NightReport, g: Grid) -> str:
     d = report.diff
     totals = report.totals()
-    lost = sorted(set(d["newly_skipped"]) | set(d["newly_missing"]) | set(d["still_missing"]))
+    lost = report.lost()
     head = [f"# quantmatrix nightly — {_text(report.night)}", ""]
     vs = f"vs {_text(report.previous_night)}" if report.previous_night else "no previous night to compare"
     head.append(f"{vs} · {len(report.inputs)} JUnit files · {len(report.cases)} cases · " +
                 " · ".join(f"{n} {o}" for o, n in totals.items() if n))
     head.append("")
-    if report.exit_code:
-        diverged = report.diverged()
-        head.append(f"> **❌ {len(d['new_failures'])} new failures, {len(d['still_failing'])} still failing, "
-                    f"{len(d['newly_skipped']) + len(d['newly_missing'])} newly untested, "
-                    f"{len(d['still_missing'])} still untested"
-                    + (f", {diverged} cross-arch divergences outside the top-k" if diverged else "") + "**")
-    else:
-        head.append("> ✅ nothing is failing and nothing stopped being tested")
-    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken()]
+    verdict = report.headline()
+    head.append(f"> **{_text(verdict, 1200)}**" if report.exit_code else f"> {verdict}")
+    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken() + report.setup_failures()]
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
+    reported = report.reported()
+    head.append(f"> reported: {_text('; '.join(reported[:LIST_LIMIT]), 4000) if reported else 'no runner'}"
+                + (f" · report {report.updates} of this night (updated as late runners arrived)"
+                   if report.updates > 1 else "")
+                + (f" · nightly run {_text(report.conclusion)}" if report.conclusion else ""))
 
     heads = " | ".join(f"{_text(a)}<br>{_text(m)}" for a, m in g.cols)
     table = ["", "## Matrix", "", f"| checkpoint | scheme | {heads} |", "|---|---|" + "---|" * len(g.cols)]
@@ -136,16 +136,18 @@ def render(report: NightReport, g: Grid) -> str:
     # a case under a waiver never reads as a plain pass (it is waived, xpassed or failed): skip those fast
     waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop(P.WAIVER_REASON) is not None]
     body += _section("Waivers", waived, _waiver_line)
+    body += _section("Removed from the matrix (no longer reported)", d["removed"], _code)
     body += _section("Bad input files (skipped)", report.bad_inputs,
                      lambda b: f"{_code(b['path'])}: {_text(b['problem'])}")
-    runs = ["", "## Runs", "", "| file | runner | arch | device | vLLM | torch | cases |", "|---" * 7 + "|"]
+    runs = ["", "## Runs", "", "| file | runner | arch | device | vLLM | torch | started | cases |",
+            "|---" * 8 + "|"]
     for inp in report.inputs[:LIST_LIMIT]:
         p = {**inp.common, **inp.properties}
         runs.append("| " + " | ".join(_text(x) for x in (
-            inp.path, p.get(P.RUNNER, ""), ", ".join(inp.archs), p.get(P.DEVICE_NAME, ""),
-            p.get(P.VLLM_VERSION, ""), p.get(P.TORCH_VERSION, ""))) + f" | {inp.cases} |")
+            inp.path, p.get(P.RUNNER, ""), ", ".join(inp.archs) or p.get(P.ARCH, ""), p.get(P.DEVICE_NAME, ""),
+            p.get(P.VLLM_VERSION, ""), p.get(P.TORCH_VERSION, ""), inp.stamp)) + f" | {inp.cases} |")
     if len(report.inputs) > LIST_LIMIT:
-        runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
+        runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | | |")
     return bounded("\n".join(head + table + body + runs) + "\n")
 
 

@@ -152,17 +152,19 @@ function renderLists() {
   if (D.bad.length) box.append(el("h2", {}, "Bad input files, skipped (" + D.bad.length + ")"),
     el("ul", {"data-list": "bad"}, ...D.bad.map(b => el("li", {}, el("code", {}, b.path), ": " +
       b.problem))));
-  const heads = ["file", "runner", "arch", "device", "vLLM", "torch", "cases"];
+  const heads = ["file", "runner", "arch", "device", "vLLM", "torch", "started", "cases"];
   const runs = el("table", {id: "runs"}, el("tr", {}, ...heads.map(h => el("th", {}, h))));
   for (const r of D.runs.slice(0, 200)) runs.append(el("tr", {}, ...[r.path, r.runner, r.arch, r.device_name,
-    r.vllm_version, r.torch_version, String(r.cases)].map(v => el("td", {}, v))));
+    r.vllm_version, r.torch_version, r.stamp, String(r.cases)].map(v => el("td", {}, v))));
   box.append(el("h2", {}, "Runs (" + D.runs.length + ")"), runs);
 }
 document.getElementById("title").textContent = "quantmatrix nightly \u2014 " + D.night;
 document.getElementById("sub").textContent =
   (D.previous ? "vs " + D.previous : "no previous night to diff against") +
   " \u00b7 " + D.runs.length + " JUnit files \u00b7 " + N + " cases \u00b7 " +
-  Object.entries(D.totals).filter(([, n]) => n).map(([o, n]) => n + " " + o).join(" \u00b7 ");
+  Object.entries(D.totals).filter(([, n]) => n).map(([o, n]) => n + " " + o).join(" \u00b7 ") +
+  " \u00b7 reported: " + (D.reported.length ? D.reported.join("; ") : "no runner") +
+  (D.updates > 1 ? " \u00b7 report " + D.updates + " of this night" : "");
 const banner = document.getElementById("banner");
 banner.className = D.exit ? "bad" : "good";
 const lostArchs = D.archs_lost.length ? "; no results at all from " + D.archs_lost.join(", ") : "";
