@@ -58,11 +58,23 @@ def test_a_night_with_an_architecture_missing_falls_back_to_the_newest_complete_
     assert _plan("", index)["commit"] == "11111111a"
 
 
-def test_a_commit_without_an_aarch64_wheel_is_refused_naming_what_there_is(tmp_path):
+def test_a_commit_without_an_aarch64_wheel_falls_back_per_architecture_naming_what_there_is(tmp_path):
+    """An index that mirrors only the latest commit, its aarch64 build missing: x86_64 still tests that commit,
+    aarch64 gets no wheel (its job reports "no wheel for this CPU architecture at this commit"), and the note
+    names what the index had; the night is not lost for every arch."""
     index = _index(tmp_path, COMMIT, ["vllm-0.34.0.dev10+g66a168a19-cp38-abi3-manylinux_2_31_x86_64.whl"])
-    with pytest.raises(SystemExit, match=r"no version with a wheel for every CPU architecture \(x86_64: "
-                                         r"0.34.0.dev10\+g66a168a19; aarch64: none\)"):
-        _plan(COMMIT, index)
+    got = _plan(COMMIT, index)
+    assert (got["kind"], got["commit"], got["version"], got["aarch64"]) == (
+        "commit", COMMIT, "0.34.0.dev10+g66a168a19", "")
+    assert got["x86_64"].endswith("manylinux_2_31_x86_64.whl")
+    assert got["note"].endswith("has no version with a wheel for every CPU architecture (x86_64: "
+                                "0.34.0.dev10+g66a168a19; aarch64: none): 0.34.0.dev10+g66a168a19 planned for "
+                                "x86_64; no wheel for aarch64 at this commit")
+
+
+def test_an_index_without_any_vllm_wheel_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="lists no vLLM wheel"):
+        _plan(COMMIT, _index(tmp_path, COMMIT, []))
 
 
 def test_a_pinned_commit_reads_its_own_index(tmp_path):
@@ -88,7 +100,16 @@ def test_keep_a_release_or_one_wheel_need_no_index(spec, kind, x86, commit):
 def test_the_script_prints_step_outputs_and_refuses_nonsense():
     ok = subprocess.run([sys.executable, str(SCRIPT), "0.33.0"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout.splitlines() == [
-        "kind=release", "commit=", "version=0.33.0", "x86_64=vllm==0.33.0", "aarch64=vllm==0.33.0"]
-    bad = subprocess.run([sys.executable, str(SCRIPT), "main; rm -rf ~"], capture_output=True, text=True,
-                         timeout=60)
+        "kind=release", "commit=", "version=0.33.0", "x86_64=vllm==0.33.0", "aarch64=vllm==0.33.0", "note="]
+    bad = subprocess.run([sys.executable, str(SCRIPT), "main"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "is neither empty, keep, a version, a 40-hex commit nor a wheel" in bad.stderr
+
+
+@pytest.mark.parametrize("spec", ["main; rm -rf ~", "0.33.0\nQUANTMATRIX_VLLM_WHEEL=evil", " 0.33.0",
+                                  "$(id)", "x" * 501])
+def test_a_spec_with_a_newline_or_shell_syntax_is_refused_before_anything_is_fetched(spec):
+    """Nothing but a URL's characters reaches the step outputs (one line each) and pip."""
+    bad = subprocess.run([sys.executable, str(SCRIPT), spec, "--index", "file:///nonexistent/"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert "holds a character outside [A-Za-z0-9._~:/?#@%+=-] or is longer than 500" in bad.stderr

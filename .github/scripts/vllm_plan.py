@@ -11,8 +11,13 @@ SPEC is the nightly's `vllm` input:
   URL or *.whl path  that wheel (one file: architectures it does not fit fail to install, loudly)
 
 It prints GitHub step outputs (`key=value` lines): kind, commit (a hex prefix or full hash, empty when unknown),
-version, and x86_64 / aarch64, the pip requirement each architecture installs (`keep` for keep). Exit 1, with
-the reason on stderr, when a nightly or commit has no wheel for one of the architectures.
+version, x86_64 / aarch64, the pip requirement each architecture installs (`keep` for keep), and note. Where no
+version has a wheel for every architecture (an index that mirrors only the latest commit, one build missing), the
+plan falls back per architecture: the newest version is planned where it has a wheel, an architecture without one
+gets an empty requirement, and `note` says so; that arch's job then reports "no wheel for this CPU architecture at
+this commit" instead of the whole night failing. Exit 1, with the reason on stderr, for a spec that is none of
+the above (a newline or a character outside a URL's is refused before anything is fetched) or an index with no
+vLLM wheel at all.
 """
 
 from __future__ import annotations
@@ -66,28 +71,44 @@ def _natural(version: str) -> list[tuple[int, int | str]]:
 
 
 def for_each_machine(found: list[tuple[str, str, str]], where: str) -> dict[str, str]:
-    """One wheel per CPU architecture, all of one version (one commit): two archs never test different vLLMs."""
+    """One wheel per CPU architecture, all of one version (one commit): two archs never test different vLLMs. Where
+    no version has every architecture, the newest version for those it has, the others empty and named."""
     versions = sorted({v for _, v, _ in found}, key=_natural, reverse=True)
+    if not versions:
+        raise SystemExit(f"vllm_plan: {where} lists no vLLM wheel")
     for version in versions:
         picks = {m: url for url, v, platform in found if v == version for m in MACHINES if platform.endswith(m)}
         if set(picks) == set(MACHINES):
-            return {"version": version, **picks}
+            return {"version": version, **picks, "note": ""}
+    version = versions[0]
+    picks = {m: url for url, v, platform in found if v == version for m in MACHINES if platform.endswith(m)}
     have = "; ".join(f"{m}: {', '.join(v for _, v, p in found if p.endswith(m)) or 'none'}" for m in MACHINES)
-    raise SystemExit(f"vllm_plan: {where} has no version with a wheel for every CPU architecture ({have})")
+    lacking = [m for m in MACHINES if m not in picks]
+    note = (f"{where} has no version with a wheel for every CPU architecture ({have}): {version} planned for "
+            f"{', '.join(picks)}; no wheel for {', '.join(lacking)} at this commit")
+    return {"version": version, **{m: picks.get(m, "") for m in MACHINES}, "note": note}
+
+
+# What a spec may hold at all: a URL's characters, no whitespace (a newline would write a line of its own into
+# GITHUB_OUTPUT or GITHUB_ENV), no shell or expression syntax.
+SAFE = re.compile(r"[A-Za-z0-9._~:/?#@%+=-]{0,500}")
 
 
 def plan(spec: str, index: str) -> dict[str, str]:
-    spec = spec.strip()
+    if not SAFE.fullmatch(spec):
+        raise SystemExit(f"vllm_plan: the vLLM spec {spec[:100]!r} holds a character outside "
+                         "[A-Za-z0-9._~:/?#@%+=-] or is longer than 500")
     if spec == "keep":
-        return {"kind": "keep", "commit": "", "version": "", **{m: "keep" for m in MACHINES}}
+        return {"kind": "keep", "commit": "", "version": "", **{m: "keep" for m in MACHINES}, "note": ""}
     if re.fullmatch(r"\d+\.\d+(\.\d+)?([a-z0-9.+-]*)", spec):
-        return {"kind": "release", "commit": "", "version": spec, **{m: f"vllm=={spec}" for m in MACHINES}}
+        return {"kind": "release", "commit": "", "version": spec, **{m: f"vllm=={spec}" for m in MACHINES},
+                "note": ""}
     if "://" in spec or spec.endswith(".whl"):
         found = WHEEL.fullmatch(spec.rsplit("/", 1)[-1])
         version = found["version"] if found else ""
         commit = COMMIT_IN_VERSION.search(version)
         return {"kind": "wheel", "commit": commit["commit"] if commit else "", "version": version,
-                **{m: spec for m in MACHINES}}
+                **{m: spec for m in MACHINES}, "note": ""}
     if spec and not re.fullmatch(r"[0-9a-f]{40}", spec):
         raise SystemExit(f"vllm_plan: {spec!r} is neither empty, keep, a version, a 40-hex commit nor a wheel")
     where = f"{index.rstrip('/')}/{spec or 'nightly'}/vllm/"
@@ -102,7 +123,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("spec", nargs="?", default="")
     parser.add_argument("--index", default=INDEX, help=f"vLLM wheel index (default {INDEX})")
     args = parser.parse_args(argv)
-    for key, value in plan(args.spec, args.index).items():
+    try:
+        planned = plan(args.spec, args.index)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 1
+    for key, value in planned.items():
         print(f"{key}={value}")
     return 0
 

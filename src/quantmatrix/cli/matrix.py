@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.adapter import health
-from quantmatrix.adapter.versions import versions
+from quantmatrix.adapter.versions import versions, vllm_origin
 from quantmatrix.cli.root import default_matrix, project_root
 from quantmatrix.host.detect import detect
-from quantmatrix.pytest_plugin.options import HEALTH_TIMEOUT, RUN_ID_ENV
+from quantmatrix.pytest_plugin import runner
+from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER, HEALTH_TIMEOUT, RUN_ID_ENV
 from quantmatrix.schema.load import DEFAULT_MATRIX, load
 from quantmatrix.schema.model import Matrix
 
@@ -35,6 +36,8 @@ def register(sub: Any) -> None:
         if name == "run":
             sp.add_argument("--run-id", help="report directory name (default: timestamp-host)")
             sp.add_argument("--out", metavar="DIR", help="report directory (default: reports/<run-id>)")
+            sp.add_argument("--spread", metavar="N", help="one pytest-xdist worker per N GPUs this process sees "
+                            "(CUDA_VISIBLE_DEVICES honoured), each pinned to its own; nothing with fewer than 2N")
         sp.set_defaults(run={"list": cmd_list, "detect": cmd_detect, "run": cmd_run}[name], passthrough=name == "run")
 
 
@@ -62,7 +65,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_detect(args: argparse.Namespace) -> int:
     """This host, and whether the vLLM under test imports here (the same check a session runs first): exit 1
-    when it is broken, so a runner owner can check a new install before the nightly does."""
+    when it is broken, or missing on a host with a GPU (a GPU runner without vLLM tests nothing that matters), so
+    a runner owner can check a new install before the nightly does."""
     timeout = HEALTH_TIMEOUT.value(getattr(args, HEALTH_TIMEOUT.dest))
     m = _matrix(args)
     host = detect(m, args.arch)
@@ -73,9 +77,15 @@ def cmd_detect(args: argparse.Namespace) -> int:
     print(f"gpu-tier markers this host satisfies: {' '.join(markers) if markers else 'none'}")
     for key, value in versions().items():
         print(f"{key}: {value}")
-    if versions()["vllm_distribution"] == "none":
-        print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped)")
-        return 0
+    if vllm_origin() is None:
+        if not host.devices:
+            print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped on this host without a GPU)")
+            return 0
+        verdict = health.absent()
+        print("\n".join(verdict.detail()))
+        print("a GPU host without vLLM: with --strict-hardware (the nightly) every case that needs vLLM fails; "
+              "install it (bash setup.sh) or check QM_RUNNER_PYTHON")
+        return 1
     verdict = health.check(timeout)
     print("\n".join(verdict.detail()))
     return 0 if verdict.ok else 1
@@ -93,6 +103,8 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
         argv.append(f"--matrix={Path(args.matrix).resolve()}")
     if args.arch:
         argv.append(f"--arch={args.arch}")
+    if args.spread is not None:
+        argv += runner.spread(GPUS_PER_WORKER.value(args.spread))
     print(f"quantmatrix run {run_id}: JUnit -> {out / 'junit.xml'}", flush=True)
     env = {**os.environ, RUN_ID_ENV: run_id}
     return subprocess.run(argv + pytest_args, cwd=root, env=env).returncode

@@ -13,11 +13,32 @@ from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER
 
 
 def visible_gpus() -> list[str]:
-    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES where set, else every GPU nvidia-smi lists."""
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES where set (as CUDA reads it: up to the first
+    index nvidia-smi does not list), else every GPU nvidia-smi lists. A runner registered per GPU
+    (CUDA_VISIBLE_DEVICES=1 in its .env) hands out that one, however many the machine has."""
     given = os.environ.get(VISIBLE)
-    if given is not None:
-        return [d.strip() for d in given.split(",") if d.strip()]
-    return [str(d.index) for d in query_nvidia_smi() or []]
+    listed = query_nvidia_smi()
+    if given is None:
+        return [str(d.index) for d in listed or []]
+    entries = [d.strip() for d in given.split(",") if d.strip()]
+    if listed is None or not all(e.isdigit() for e in entries):
+        return entries
+    known, out = {d.index for d in listed}, []
+    for e in entries:
+        if int(e) not in known:
+            break
+        out.append(e)
+    return out
+
+
+def spread(per_worker: int) -> list[str]:
+    """The pytest arguments that run one xdist worker per `per_worker` GPUs this process sees (none for a
+    single worker): `quantmatrix run --spread N`, so a runner's worker count and the workers' pinning read the
+    same GPUs."""
+    workers = len(visible_gpus()) // per_worker
+    if workers < 2:
+        return []
+    return ["-n", str(workers), "--dist", "loadgroup", GPUS_PER_WORKER.name, str(per_worker)]
 
 
 def worker_index(worker_id: str) -> int:
