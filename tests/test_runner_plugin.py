@@ -14,7 +14,7 @@ from matrixkit import GPUS_MATRIX, gpu_less_suite
 from quantmatrix import properties as P
 from quantmatrix.adapter import versions
 from quantmatrix.errors import OptionError
-from quantmatrix.pytest_plugin.runner import worker_gpus
+from quantmatrix.pytest_plugin.runner import spread, worker_gpus
 
 SUITE = """
 import os, time
@@ -195,3 +195,60 @@ def test_a_pinned_worker_counts_only_its_own_gpus_with_nvidia_smi_faked(pytester
     assert {name for name, _, why in cases if why} == skipped
     assert {props["visible"] for _, props, why in cases if why is None} <= visible
     assert all(why == "big needs 2 GPUs of sm121 (GB10); this host has 1" for _, _, why in cases if why)
+
+
+TWO_GB10 = "#!/bin/sh\nfor i in 0 1; do echo \"$i, NVIDIA GB10, 12.1\"; done\n"
+
+
+def _nvidia_smi(where, monkeypatch, script: str) -> None:
+    bin_dir = where / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(script)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(("visible", "per", "args"), [
+    (None, 1, ["-n", "2", "--dist", "loadgroup", "--gpus-per-worker", "1"]),
+    ("1", 1, []),  # a runner registered for GPU 1 of the two: one worker, never two
+    ("0,1", 1, ["-n", "2", "--dist", "loadgroup", "--gpus-per-worker", "1"]),
+    ("1,7", 1, []),  # CUDA stops at the first index that names no device: one GPU
+    ("", 1, []),
+    (None, 2, []),  # one tensor-parallel group of two: one worker
+])
+def test_the_worker_count_is_the_gpus_this_process_sees_with_nvidia_smi_faked(tmp_path, monkeypatch, visible, per,
+                                                                               args):
+    """`quantmatrix run --spread N` (the arch job) counts what the workers' pinning will hand out: nvidia-smi's
+    list as CUDA_VISIBLE_DEVICES leaves it, never `nvidia-smi -L`'s whole machine."""
+    _nvidia_smi(tmp_path, monkeypatch, TWO_GB10)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert spread(per) == args
+
+
+def test_the_one_runner_per_gpu_recipe_runs_one_worker_on_its_own_gpu_with_nvidia_smi_faked(pytester, monkeypatch):
+    """docs/runners.md's recipe on a host of two GB10s: the runner of GPU 1 (CUDA_VISIBLE_DEVICES=1 in its .env).
+    Its job runs what `--spread 1` gives (no xdist: one GPU), detection sees that one GPU as cuda:0, the one-GPU
+    checkpoint's engine check runs and the two-GPU one skips naming both counts. What the job did before (two
+    workers, from nvidia-smi -L's count) stops at once with a usage error naming the fix."""
+    _nvidia_smi(pytester.path, monkeypatch, TWO_GB10)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
+    (pytester.path / "ck").mkdir()
+    pytester.makefile(".yaml", m=GPUS_MATRIX)
+    pytester.makepyfile(test_serves="import os\n\n\ndef test_serves(case, record_property):\n"
+                                    "    record_property('visible', os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    args = ("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml", "j.xml", "-o", "junit_family=xunit1", "-rs")
+    assert spread(1) == []
+    result = pytester.runpytest_subprocess(*args, *spread(1))
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*host cuda:0 NVIDIA GB10 [[]sm121 (GB10)[]] (via nvidia-smi)*",
+                                 "*big needs 2 GPUs of sm121 (GB10); this host has 1*"])
+    _, cases = _junit(pytester.path / "j.xml")
+    assert [props["visible"] for _, props, why in cases if why is None] == ["1"]
+    old = pytester.runpytest_subprocess(*args, "-n", "2", "--dist", "loadgroup", "--gpus-per-worker", "1")
+    assert old.ret == pytest.ExitCode.USAGE_ERROR
+    old.stderr.fnmatch_lines(["*--gpus-per-worker 1: worker gw1 has no 1 GPUs of its own (1 visible: 1); run with "
+                              "-n 1*"])

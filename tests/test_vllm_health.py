@@ -10,6 +10,7 @@ appends a line to FAKE_VLLM_LOG, which counts the health children."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -265,3 +266,53 @@ def test_the_report_shows_one_broken_line_and_counts_those_cases_as_not_tested(f
     totals = json.loads((out / "summary.json").read_text())["totals"]
     assert totals["not tested (vLLM broken)"] == 2 * CELLS and totals["error"] == 0 and totals["passed"] == CELLS
     assert "vLLM under test broken on a host without a GPU" in (out / "index.html").read_text()
+
+
+IMPORTS_VLLM = """
+import importlib
+
+
+def test_resolves(case):
+    importlib.import_module("vllm.model_executor.layers.quantization")
+
+
+def test_builds(case):
+    importlib.import_module("vllm.model_executor.layers.quantization")
+
+
+def test_reads_files(case):
+    pass
+"""
+
+
+def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_the_rest_fails_fast(fake_vllm,
+                                                                                                  monkeypatch):
+    """A session records vLLM as working; then the quantization import breaks in a way the cache key cannot see
+    (here an environment variable; on a runner a native library replaced in place or a driver change). The next
+    session starts from the cached "ok", so its first vLLM case meets the import error itself; that drops the
+    cached verdict and checks again, and every later vLLM case fails at once with the one shared cause, each
+    counted "not tested"; the no-vLLM check still passes. Runs as subprocesses: the cases import the fake vLLM."""
+    pytester, install = fake_vllm
+    pytester.makepyfile(test_checks=IMPORTS_VLLM)
+    src = Path(__file__).resolve().parents[1] / "src"  # this checkout's plugin in the subprocesses
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.environ["PYTHONPATH"], str(src)]))
+    install("ok")
+    args = ("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml=j.xml", "-o", "junit_family=xunit1")
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=3 * CELLS)
+    install("quant_raises")
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(*args)
+    seconds = time.monotonic() - start
+    result.assert_outcomes(passed=CELLS, failed=1, errors=2 * CELLS - 1)
+    root = ET.parse(pytester.path / "j.xml").getroot()
+    first = [tc for tc in root.iter("testcase") if tc.find("failure") is not None]
+    assert len(first) == 1 and "cudaLibrary_t" in first[0].find("failure").get("message", "")
+    shared = set(_errors(pytester).values())
+    assert len(shared) == 2 and all("vLLM under test broken, not tested: config (import "
+                                    "vllm.model_executor.layers.quantization" in m for m in shared)
+    result.stdout.fnmatch_lines(["quantmatrix: vllm_health: broken: config (*"])
+    xml = (pytester.path / "j.xml").read_text()
+    assert xml.count(f'<property name="{P.NOT_TESTED}" value="{P.VLLM_BROKEN}"') == 2 * CELLS - 1
+    assert seconds < 60, f"a stale ok took {seconds:.1f} s to turn into one shared cause"
+    result = pytester.runpytest_subprocess(*args)  # the next session checks afresh: nothing stale is left
+    result.assert_outcomes(passed=CELLS, errors=2 * CELLS)

@@ -214,6 +214,13 @@ def check(timeout: float = 120.0, parts: Iterable[str] = tuple(PARTS)) -> Health
     return Health({p: results[p] for p in parts}, package_versions(), round(time.monotonic() - start, 2))
 
 
+def absent(parts: Iterable[str] = tuple(PARTS)) -> Health:
+    """The verdict where vLLM is not installed at all, for a run that needs it (a GPU runner under
+    --strict-hardware, `quantmatrix detect` on a GPU host): every part broken for that one reason."""
+    why = f"vLLM is not installed: {sys.executable} finds no `vllm` package"
+    return Health({p: Part(False, why) for p in parts}, package_versions(), 0.0)
+
+
 def main(argv: list[str]) -> int:
     within = 120.0
     if argv[:1] == ["--within"]:

@@ -6,6 +6,8 @@ same functions (too_few_gpus, strict), so each reason is written once."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
 import time
 from collections.abc import Callable
 from typing import NoReturn
@@ -16,6 +18,7 @@ from quantmatrix.adapter.versions import engine_needs_gpu
 from quantmatrix.pytest_plugin import health
 from quantmatrix.pytest_plugin.options import STRICT_HARDWARE, TIME_LIMIT
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings
+from quantmatrix.schema.factory import PRODUCERS
 from quantmatrix.schema.model import Case, Cell
 
 
@@ -92,13 +95,27 @@ def engine_gpus(config: pytest.Config, case: Case) -> Stop | None:
     return Stop(short) if short else None
 
 
+def producer_packages(config: pytest.Config, case: Case) -> Stop | None:
+    """A synthetic checkpoint whose producer builds with a package this environment lacks (compressed-tensors,
+    which vLLM brings): one clear failure naming it, never a traceback per case."""
+    ck = case.cell.checkpoint
+    if ck.source.kind != "synthetic":
+        return None
+    missing = [p for p in PRODUCERS[ck.producer].packages if importlib.util.find_spec(p.replace("-", "_")) is None]
+    if not missing:
+        return None
+    return Stop(f"the {ck.producer} producer builds {ck.id} with the Python package {', '.join(missing)}, which is "
+                f"not installed in {sys.executable} (vLLM brings it; or pip install {' '.join(missing)})", fail=True)
+
+
 def vllm_broken(config: pytest.Config, case: Case) -> Stop | None:
     """A part of the vLLM under test that the case needs does not import: one shared failure (pytest_plugin.health)."""
     message = health.broken(config, case)
     return Stop(message, fail=True, properties=health.BROKEN_PROPERTIES) if message else None
 
 
-GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, engine_build, engine_gpus, vllm_broken)
+GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, engine_build, engine_gpus, vllm_broken,
+                           producer_packages)
 
 
 def first_stop(config: pytest.Config, case: Case) -> Stop | None:

@@ -2,26 +2,34 @@
 part is broken, every case needing that part fails at once with one shared message, and the rest still run.
 
 The controller checks (xdist workers read its result from `workerinput`); a result that found vLLM working is
-kept under the quantmatrix cache, keyed by this exact environment (interpreter, path, every installed
-distribution's version), so that the many pytest sessions of one install pay for the child once.
+kept under the quantmatrix cache, keyed by this environment (interpreter, path, every installed distribution's
+version, vLLM's native libraries, the driver, the CUDA/vLLM/loader environment variables), so that the many pytest
+sessions of one install pay for the child once. A key cannot see everything that breaks an import, so a cached
+"ok" is trusted only until a case meets an import error it did not predict: then the cache entry is dropped, the
+check runs again, and the rest of the session fails fast with the one shared cause.
+
+Where vLLM is not installed at all, its cases skip (a CPU host for the report or the lint), except under
+--strict-hardware: a GPU runner without vLLM fails every case that needs it with that one cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from quantmatrix import properties as P
-from quantmatrix.adapter.health import Health, check
-from quantmatrix.adapter.versions import versions, vllm_origin
+from quantmatrix.adapter.health import Health, absent, check
+from quantmatrix.adapter.versions import vllm_origin
 from quantmatrix.atomic import write_atomic
 from quantmatrix.checkpoints.store import cache_root
-from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS
+from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, case_of
 from quantmatrix.schema.model import Case
 
 _WORKER_KEY = "quantmatrix_vllm_health"
@@ -30,18 +38,46 @@ _WORKER_KEY = "quantmatrix_vllm_health"
 BROKEN_PROPERTIES = ((P.NOT_TESTED, P.VLLM_BROKEN),)
 
 
+# the environment variables that change what an import of vLLM loads
+_ENV_PREFIXES = ("VLLM_", "CUDA_", "TORCH_", "PYTORCH_", "NCCL_", "LD_", "FLASHINFER_")
+
+
+def _native(origin: str | None) -> list[str]:
+    """Size and mtime of vLLM's own compiled libraries: one replaced in place is a different vLLM."""
+    if origin is None:
+        return []
+    root = Path(origin).parent
+    return sorted(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}" for f in root.glob("**/*.so")
+                  if (st := f.stat()))
+
+
+def _driver() -> str:
+    try:
+        return Path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _env_key() -> str:
-    """This interpreter, its path and every installed distribution's version: a change to any of them is a
-    different vLLM under test."""
-    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(vllm_origin())]
+    """This interpreter, its path, every installed distribution's version, vLLM's native libraries, the driver
+    and the environment variables that steer an import: a change to any of them is a different vLLM under test."""
+    origin = vllm_origin()
+    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), str(origin), _driver(), *_native(origin)]
+    parts += sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES))
     parts += sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def _checked(timeout: float) -> Health:
-    path = cache_root() / "health" / f"{_env_key()}.json"
+def _cache_path() -> Path:
+    return cache_root() / "health" / f"{_env_key()}.json"
+
+
+def _checked(timeout: float, memo: dict[Any, Any]) -> Health:
+    path = _cache_path()
     try:
-        return Health.from_json(path.read_text(encoding="utf-8"))
+        health = Health.from_json(path.read_text(encoding="utf-8"))
+        memo["health_cached"] = path
+        return health
     except (OSError, ValueError, KeyError, TypeError):
         pass
     health = check(timeout)
@@ -53,8 +89,18 @@ def _checked(timeout: float) -> Health:
 
 def _needed(config: pytest.Config) -> bool:
     s = config.stash[SETTINGS]
-    return (s.matrix is not None and any(c.vllm for c in s.matrix.checks.values())
-            and versions()["vllm_distribution"] != "none")  # no vLLM at all: those cases skip, as before
+    return s.matrix is not None and any(c.vllm for c in s.matrix.checks.values())
+
+
+def _fresh(config: pytest.Config) -> Health | None:
+    """The controller's own check: absent vLLM (None: its cases skip, or all broken under --strict-hardware),
+    else the cached or freshly measured verdict."""
+    s, memo = config.stash[SETTINGS], config.stash[SESSION].memo
+    if not _needed(config):
+        return None
+    if vllm_origin() is None:
+        return absent() if s.strict_hardware else None
+    return _checked(s.health_timeout, memo)
 
 
 def session_health(config: pytest.Config) -> Health | None:
@@ -66,9 +112,39 @@ def session_health(config: pytest.Config) -> Health | None:
             text = workerinput[_WORKER_KEY]
             session.memo["health"] = Health.from_json(text) if text else None
         else:
-            needed = _needed(config)
-            session.memo["health"] = _checked(config.stash[SETTINGS].health_timeout) if needed else None
+            session.memo["health"] = _fresh(config)
     return session.memo["health"]
+
+
+def _import_failure(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
+    """The error came out of an import: an ImportError, or anything raised while a module was executing."""
+    if excinfo.errisinstance(ImportError):
+        return True
+    return any(str(entry.path).startswith("<frozen importlib") for entry in excinfo.traceback)
+
+
+def unpredicted(config: pytest.Config, case: Case, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A case that needs vLLM met an import error although the check said vLLM works: the "ok" was stale (an
+    environment change the cache key cannot see). Drop the cached verdict, check again (once per process), and let
+    the gate fail the rest of the session with the new shared cause."""
+    memo = config.stash[SESSION].memo
+    health = memo.get("health")
+    if not case.check.vllm or health is None or not health.ok or memo.get("health_rechecked") \
+            or not _import_failure(excinfo):
+        return
+    memo["health_rechecked"] = True
+    with contextlib.suppress(OSError):
+        (memo.get("health_cached") or _cache_path()).unlink()
+    memo["health"] = _checked(config.stash[SETTINGS].health_timeout, {})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Watch every failing call of a vLLM case for an import error the health check did not predict."""
+    yield
+    case = case_of(item)
+    if call.excinfo is not None and case is not None and call.when in ("setup", "call"):
+        unpredicted(item.config, case, call.excinfo)
 
 
 def broken(config: pytest.Config, case: Case) -> str | None:

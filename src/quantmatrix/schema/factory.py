@@ -31,6 +31,10 @@ class FactoryProducer:
     writes: tuple[str, ...]
     forms: tuple[str, ...] = ("config_json",)
     keys: tuple[str, ...] = ()
+    # distributions the module builds with that quantmatrix does not depend on (vLLM brings them; imported as the
+    # name with `_` for `-`): where one is missing, each case of such a synthetic checkpoint fails with one clear
+    # cause (pytest_plugin.gates)
+    packages: tuple[str, ...] = ()
 
 
 SCHEMES = {
@@ -40,7 +44,7 @@ SCHEMES = {
 }
 PRODUCERS = {
     "modelopt": FactoryProducer("modelopt", writes=("nvfp4",), forms=("config_json", "legacy"), keys=("quant_algo",)),
-    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4",)),
+    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4",), packages=("compressed-tensors",)),
     "none": FactoryProducer("none", writes=("bf16",)),
 }
 # Where a producer's quantization config lives (`synthetic: {form: ...}`).
