@@ -196,9 +196,10 @@ class NightReport:
         return [line for i in self.inputs if (line := i.setup_failure()) is not None]
 
     def night_problems(self) -> list[str]:
-        """The night's own red lines: a run that did not complete, each arch job that could not test."""
+        """The night's own red lines: a run that did not complete, each arch job that could not test, each run
+        whose vLLM under test was broken."""
         run = [f"the nightly run {BAD_CONCLUSIONS[self.conclusion]}"] if self.conclusion in BAD_CONCLUSIONS else []
-        return run + self.setup_failures()
+        return run + self.setup_failures() + self.vllm_broken()
 
     def reasons(self) -> list[str]:
         """Why the night is red, most urgent first (empty: green)."""

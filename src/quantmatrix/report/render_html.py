@@ -60,7 +60,7 @@ def _data(report: NightReport, g: Grid) -> dict[str, Any]:
         "disagreements": disagreements,
         # the night's own red lines, one paragraph each: a broken vLLM, an arch job that could not test, a run
         # that did not complete
-        "bad": report.bad_inputs, "vllm_broken": report.vllm_broken() + report.night_problems(),
+        "bad": report.bad_inputs, "vllm_broken": report.night_problems(),
         "runs": [_run(i) for i in report.inputs],
     }
 

@@ -106,7 +106,7 @@ def render(report: NightReport, g: Grid) -> str:
     head.append("")
     verdict = report.headline()
     head.append(f"> **{_text(verdict, 1200)}**" if report.exit_code else f"> {verdict}")
-    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.vllm_broken() + report.setup_failures()]
+    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.setup_failures() + report.vllm_broken()]
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
     reported = report.reported()
