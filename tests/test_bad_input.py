@@ -172,9 +172,10 @@ LINT_CASES = {
                             "quantization_config is str, not an object"),
     "million-experts": (lambda d: (d / "config.json").write_text('{"num_experts": 1000000}'),
                         "num_experts 1000000 is not an integer from 0 to 65536"),
-    "backtracking-ignore": (lambda d: (d / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["re:(a+)+$"]}})),
-        "ignore pattern '(a+)+$' nests a repeat inside a repeat"),
+    # RE2 matches `(a+)+$` in linear time (test_an_ignore_pattern_cannot_hang); a lookahead it cannot run is refused
+    "lookahead-ignore": (lambda d: (d / "config.json").write_text(json.dumps({"quantization_config": {
+        "quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["re:(?=a)"]}})),
+        "ignore pattern '(?=a)' is not a regular expression RE2 matches in linear time"),
 }
 
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.declared import Declaration, declare
@@ -44,11 +45,11 @@ def _groups_part(d: Declaration) -> str:
 def config_shape(checkpoint_dir: Path) -> str:
     """A one-line description of the config's shape, so a reader knows which resolution rule decided (the config
     groups as adapter.declared reads them for the lint and the guard)."""
-    cfg = json.loads((checkpoint_dir / "config.json").read_text())
+    cfg = json.loads(bounded.read_bytes(checkpoint_dir / "config.json", "config"))
     qc = cfg.get("quantization_config")
     legacy = checkpoint_dir / "hf_quant_config.json"
     if qc is None and legacy.is_file():
-        whole = json.loads(legacy.read_text())
+        whole = json.loads(bounded.read_bytes(legacy, "config"))
         d = declare(whole, legacy=True)
         groups = "no config_groups" if d.groups_shape == "missing" else _groups_part(d)
         return f"hf_quant_config.json (legacy); quant_algo={whole.get('quantization', {}).get('quant_algo')}; {groups}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
 from quantmatrix.schema import e2e, fields
@@ -83,10 +84,10 @@ def load(path: str | Path) -> Matrix:
     """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = bounded.read_bytes(path, "matrix")
         text = data.decode("utf-8")
-    except OSError as e:
-        raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
+    except bounded.InputError as e:
+        raise MatrixError(str(e)) from None
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
