@@ -31,7 +31,12 @@ _READ_CHUNK = MIB
 
 
 class InputError(QuantmatrixError):
-    """A file or pattern refused before it is trusted; callers re-raise it as their own kind (MatrixError...)."""
+    """A file or pattern refused before it is trusted; callers re-raise it as their own kind (MatrixError...).
+    `why` is the reason alone (an OSError's strerror, the cap), the message is `<what>: <why>`."""
+
+    def __init__(self, what: object, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+        self.why = why
 
 
 def read_bytes(path: str | Path, kind: str) -> bytes:
@@ -42,13 +47,13 @@ def read_bytes(path: str | Path, kind: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise InputError(f"{path}: cannot read {kind} file: {e.strerror}") from None
+        raise InputError(path, e.strerror or str(e)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); a {kind} file must be one")
+            raise InputError(path, f"not a regular file ({_file_kind(st.st_mode)}); a {kind} file must be one")
         if st.st_size > cap:
-            raise InputError(f"{path}: {st.st_size} bytes, over the {cap // MIB} MiB cap for a {kind} file")
+            raise InputError(path, f"{st.st_size} bytes, over the {cap // MIB} MiB cap for a {kind} file")
         chunks, got = [], 0
         while got <= st.st_size:
             chunk = os.read(fd, min(_READ_CHUNK, st.st_size + 1 - got))
@@ -57,12 +62,12 @@ def read_bytes(path: str | Path, kind: str) -> bytes:
             chunks.append(chunk)
             got += len(chunk)
     except OSError as e:
-        raise InputError(f"{path}: cannot read {kind} file: {e.strerror}") from None
+        raise InputError(path, e.strerror or str(e)) from None
     finally:
         os.close(fd)
     if got > st.st_size:
-        raise InputError(f"{path}: yields more than its {st.st_size} bytes (a /proc or growing file), not a "
-                         f"{kind} file")
+        raise InputError(path, f"yields more than its {st.st_size} bytes (a /proc or growing file), not a "
+                               f"{kind} file")
     return b"".join(chunks)
 
 
@@ -72,11 +77,11 @@ def check_file(path: str | Path, kind: str) -> None:
     try:
         st = os.stat(path)
     except OSError as e:
-        raise InputError(f"{path}: cannot read {kind} file: {e.strerror}") from None
+        raise InputError(path, e.strerror or str(e)) from None
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); a {kind} file must be one")
+        raise InputError(path, f"not a regular file ({_file_kind(st.st_mode)}); a {kind} file must be one")
     if st.st_size > CAPS[kind]:
-        raise InputError(f"{path}: {st.st_size} bytes, over the {CAPS[kind] // MIB} MiB cap for a {kind} file")
+        raise InputError(path, f"{st.st_size} bytes, over the {CAPS[kind] // MIB} MiB cap for a {kind} file")
 
 
 def read_text(path: str | Path, kind: str) -> str:
@@ -85,7 +90,7 @@ def read_text(path: str | Path, kind: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{path} is not UTF-8 (byte {e.start})") from None
+        raise InputError(path, f"not UTF-8 (byte {e.start})") from None
 
 
 def _file_kind(mode: int) -> str:
@@ -110,8 +115,8 @@ def regex(pattern: str) -> Any:
     except (re2.error, ValueError, TypeError, OverflowError, RecursionError) as e:
         why = e.args[0] if e.args else e
         why = why.decode("utf-8", "replace") if isinstance(why, bytes) else str(why)
-        raise InputError(f"{pattern[:80]!r} is not a regular expression RE2 matches in linear time "
-                         f"({shown(why, 200)})") from None
+        raise InputError(repr(pattern[:80]), f"not a regular expression RE2 matches in linear time "
+                                             f"({shown(why, 200)})") from None
 
 
 def shown(text: object, limit: int | None = None) -> str:

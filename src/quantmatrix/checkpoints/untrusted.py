@@ -132,7 +132,7 @@ def safe_regex(pattern: str, where: str) -> Any:
     try:
         return bounded.regex(pattern)
     except bounded.InputError as e:
-        raise LintError(f"{where}: ignore pattern {e}") from None
+        raise LintError(f"{where}: ignore pattern {pattern[:80]!r} is {e.why}") from None
 
 
 def ignore_list(value: Any, where: Path) -> tuple[tuple[str, ...], tuple[Any, ...]]:

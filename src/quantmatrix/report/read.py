@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import io
 import math
-import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,6 +21,7 @@ from xml.etree import ElementTree as ET
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, TestCase
 from junitparser import junitparser as _jp
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.model import LOG_CHARS, LOG_LINES, MESSAGE_CHARS, NONE, RED, Axes, summary_entry
@@ -126,12 +127,13 @@ def read_file(path: str, today: datetime.date | None = None) -> FileRead:
     """Read one JUnit file; any problem is reported, never raised, so the other files still merge."""
     out = FileRead(path)
     try:
-        if os.path.getsize(path) == 0:
+        data = bounded.read_bytes(path, "junit")
+        if not data:
             out.problem = "empty file"
             return out
-        xml = JUnitXml.fromfile(path)
-    except OSError as e:
-        out.problem = f"cannot read: {e.strerror}"
+        xml = JUnitXml.fromfile(io.BytesIO(data))
+    except bounded.InputError as e:
+        out.problem = f"cannot read: {e.why}"
         return out
     except _PARSE_ERRORS as e:
         out.problem = f"not well-formed XML (truncated?): {e}"

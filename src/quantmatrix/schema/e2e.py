@@ -137,9 +137,11 @@ def parse(doc: Doc, node: yaml.Node, modes: list[str]) -> E2E:
         raise doc.error(r["@reference_mode"], f"e2e.reference_mode: no mode {r['reference_mode']!r}"
                                               f"{closest(r['reference_mode'], modes)}")
     try:
-        text = bounded.read_text(r["prompts"], "prompts")
+        text = bounded.read_bytes(r["prompts"], "prompts").decode("utf-8")
     except bounded.InputError as e:
         raise doc.error(r["@prompts"], f"e2e.prompts: {e}") from None
+    except UnicodeDecodeError as e:
+        raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} is not UTF-8 (byte {e.start})") from None
     prompts = tuple(line for line in text.splitlines() if line.strip())
     if not prompts:
         raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} holds no prompt")

@@ -87,7 +87,7 @@ def load(path: str | Path) -> Matrix:
         data = bounded.read_bytes(path, "matrix")
         text = data.decode("utf-8")
     except bounded.InputError as e:
-        raise MatrixError(str(e)) from None
+        raise MatrixError(f"{path}: cannot read matrix: {e.why}") from None
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
