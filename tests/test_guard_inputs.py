@@ -190,3 +190,28 @@ def test_a_backends_only_override_is_accepted_and_one_that_drops_a_read_is_refus
     f.write_text("moe_backends: []\nversion: 1\n")
     with pytest.raises(MatrixError, match="missing required key 'archs'"):
         override_file(f)  # not backends-only: validated as the whole matrix it claims to be
+
+
+# ----------------------------------------------------------------------------------------- the guard mode
+
+
+def _guard_run(tmp_path: Path, log: str):
+    from quantmatrix.engine.runner import GroupRun
+    from quantmatrix.schema.model import Case, Cell
+
+    ck = next(c for c in DEFAULT.checkpoints if c.id == "qwen3moe-tiny-bf16")
+    case = Case(DEFAULT.checks["degeneration"], Cell(ck, DEFAULT.archs[0], DEFAULT.mode("guard")), None)
+    (tmp_path / "engine.log").write_text(log)
+    result = {"workers": [{"pid": 2, "moe_layers": {}, "poison": {"requested": None}}]}
+    return case, GroupRun("c", tmp_path, {"poison": None, "guard": "refuse", "greedy_prompts": 0}, result, None, 1.0)
+
+
+def test_a_guard_mode_whose_engine_never_logged_the_guard_ran_fails_the_cell(tmp_path):
+    """A guard mode whose VLLM_PLUGINS leaves the guard out once passed without the guard ever running."""
+    from quantmatrix.checks import e2e as verdicts
+
+    case, run = _guard_run(tmp_path, "INFO vLLM started\n")
+    problem = verdicts.engine_problem(case, run)
+    assert problem is not None and "QUANTMATRIX_GUARD='refuse'" in problem and "never judged the model" in problem
+    case, run = _guard_run(tmp_path, "INFO quantmatrix guard ran (refuse): checked 30 tensors in 8 layers\n")
+    assert verdicts.engine_problem(case, run) is None

@@ -90,6 +90,11 @@ def engine_problem(case: Case, run: GroupRun) -> str | None:
                              f"models built={s['models_built']}" for s in states) or "no worker answered"
             return (f"mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
                     f"not fill the model inside the engine ({seen}); the mode proved nothing")
+    guard = run.request.get("guard")
+    if guard and not run.guard_ran():
+        return (f"mode {case.cell.mode.name} sets QUANTMATRIX_GUARD={guard!r}, but the engine log has no "
+                f"'quantmatrix guard ran' line: the guard never judged the model (is quantmatrix_guard left out of "
+                f"VLLM_PLUGINS?); the mode proved nothing (log: {run.directory / 'engine.log'})")
     return None
 
 

@@ -7,8 +7,9 @@ wraps the MoE and linear parameters' weight_loaders (guard.record); right before
 turns the loaded tensors into kernel format it judges them (guard.judge) and unwraps. Nothing stays on the forward
 path. Either way vLLM's log says that the guard ran and how many tensors it checked; a guard that cannot run says so
 at ERROR level and, under `refuse`, stops the engine too (vLLM itself only logs a plugin that fails to import, so
-this module imports nothing but the standard library and quantmatrix.adapter.engine, itself standard library only at
-import, until `register` runs).
+this module imports nothing but the standard library, quantmatrix.engine.protocol and quantmatrix.adapter.engine,
+both standard library only at import, until `register` runs). A load the guard did not judge, under any load format,
+fails the same way (refuse) or logs an ERROR (warn).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from typing import Any
 
 from quantmatrix.adapter.engine import plugin_logger
+from quantmatrix.engine.protocol import GUARD_RAN
 
 ENV = "QUANTMATRIX_GUARD"
 BACKENDS_ENV = "QUANTMATRIX_GUARD_BACKENDS"  # optional matrix file whose moe_backends override the packaged ones
@@ -157,7 +159,7 @@ def guard_model(recorder: Any, model_config: Any, wanted: str, hook_s: float = 0
     layers = [r for r in outcome.layers if r.kind != "other"]
     direct = (" (the load format wrote param.data directly, no weight_loader ran: what was never loaded is not "
               "measured, every value is judged)") if outcome.direct else ""
-    _LOG.info("quantmatrix guard ran (%s): checked %d tensors in %d layers (%d MoE) in %.3f s; %d problem(s)%s",
+    _LOG.info(GUARD_RAN + "%s): checked %d tensors in %d layers (%d MoE) in %.3f s; %d problem(s)%s",
               wanted, outcome.tensors, len(layers), sum(r.kind == "moe" for r in layers), took, n, direct)
     if n and wanted == "refuse":
         raise GuardRefusal(f"quantmatrix guard refuses to serve {getattr(model_config, 'model', '?')}: {n} tensor "
