@@ -189,6 +189,8 @@ def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
     if not isinstance(inner, dict):
         raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
     d = declare(qc, legacy=True)
+    if d.groups_shape.startswith("a "):
+        raise LintError(f"{legacy}: config_groups is {d.groups_shape}, not a mapping of group name -> group")
     if d.scheme is None:
         raise LintError(f"{legacy}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
     shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()

@@ -8,7 +8,6 @@ where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -83,7 +82,7 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
         return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
     if expected == "rejected":
         because = checkpoint.expectation("rejected_because")
-        if re.search(because, got.detail) is None:
+        if bounded.regex(because).search(got.detail) is None:
             return (f"vLLM rejected the config, but not for the reason the matrix expects: {got.detail!r} does not "
                     f"match {because!r} [config shape: {shape}]")
         return None

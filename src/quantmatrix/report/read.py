@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import io
 import math
+import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -227,12 +228,48 @@ def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
     for arg in args:
         p = Path(arg)
         if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*.xml") if f.is_file())
+            found = sorted(_walk(p, bad))
             if not found:
-                bad.append({"path": arg, "problem": "run directory holds no *.xml file"})
+                bad.append({"path": bounded.shown(arg), "problem": "run directory holds no *.xml file"})
             files += found
         elif p.exists():
             files.append(str(p))
         else:
-            raise ReportError(f"{arg}: no such file or directory")
-    return list(dict.fromkeys(files)), bad
+            raise ReportError(f"{bounded.shown(arg)}: no such file or directory")
+    named = [f for f in files if _utf8(f)]
+    bad += [{"path": bounded.shown(f), "problem": "the file name is not UTF-8, so no report could name it: not read"}
+            for f in files if not _utf8(f)]
+    return list(dict.fromkeys(named)), bad
+
+
+MAX_DEPTH = 64  # directory levels below a run directory searched for *.xml (a runner writes one or two)
+
+
+def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
+    """Every *.xml file under `root`, iteratively, at most MAX_DEPTH levels down (a run directory nested 1,200
+    levels is a bad input, not a RecursionError); links to directories are not followed."""
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError as e:
+            bad.append({"path": bounded.shown(d), "problem": f"cannot list: {e.strerror}"})
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                if depth + 1 > MAX_DEPTH:
+                    bad.append({"path": bounded.shown(e.path), "problem": f"nested deeper than {MAX_DEPTH} levels "
+                                "below the run directory: not searched"})
+                else:
+                    stack.append((Path(e.path), depth + 1))
+            elif e.name.endswith(".xml") and e.is_file():
+                yield e.path
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from quantmatrix import bounded
 from quantmatrix.schema import e2e, synthetic
 from quantmatrix.schema.limits import ID_CHARS, NAME_CHARS
 from quantmatrix.schema.model import PerArch, Selector, Source, TensorFinding
@@ -128,12 +129,13 @@ def source(doc: Doc, node: yaml.Node, what: str) -> Source:
 
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
 def pattern(doc: Doc, node: yaml.Node, what: str) -> str:
-    """A regular expression, compiled once here so that a typo is a matrix error with its line, not a crash."""
+    """A regular expression, compiled once here by RE2 (bounded.regex: linear-time matching, every compile error
+    caught, an overflowing or deeply nested pattern included) so that a typo is a matrix error with its line."""
     text = as_text(doc, node, what)
     try:
-        re.compile(text)
-    except re.error as e:
-        raise doc.error(node, f"{what}: not a regular expression ({e})") from None
+        bounded.regex(text)
+    except bounded.InputError as e:
+        raise doc.error(node, f"{what}: {e.why}") from None
     return text
 
 
