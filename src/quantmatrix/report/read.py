@@ -246,7 +246,7 @@ MAX_DEPTH = 64  # directory levels below a run directory searched for *.xml (a r
 
 
 def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
-    """Every *.xml file under `root`, iteratively, at most MAX_DEPTH levels down (a run directory nested 1,200
+    """Every *.xml entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH levels down (a run directory nested 1,200
     levels is a bad input, not a RecursionError); links to directories are not followed."""
     stack = [(root, 0)]
     while stack:
@@ -263,7 +263,7 @@ def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
                                 "below the run directory: not searched"})
                 else:
                     stack.append((Path(e.path), depth + 1))
-            elif e.name.endswith(".xml") and e.is_file():
+            elif e.name.endswith(".xml"):  # a FIFO or device too: the bounded reader names it, never opens it
                 yield e.path
 
 
