@@ -573,7 +573,12 @@ def test_round2_a_run_directory_of_odd_entries_names_each_and_reads_the_rest(tmp
     for _ in range(1200):
         deep = deep / "d"
         deep.mkdir()
-    rc, err = _run(capsys, "report", str(run), "--out", str(tmp_path / "out"))
+    try:
+        rc, err = _run(capsys, "report", str(run), "--out", str(tmp_path / "out"))
+    finally:  # bottom up: shutil.rmtree (pytest's own tmp cleanup too) recurses once per level
+        while deep != run:
+            deep.rmdir()
+            deep = deep.parent
     assert rc == 2, err
     assert "b.xml: cannot read: not a regular file (a FIFO)" in err
     assert "\\udcff.xml: the file name is not UTF-8" in err
