@@ -428,6 +428,9 @@ ROUND2_LINT_ERRORS = {
         "hf_quant_config.json: config_groups is a list, not a mapping"),
     "header-the-library-refuses": (_header(lambda h: h | {W0: h[W0] | {"shape": [4, 5]}}),
                                    "safetensors 0.8.0 refuses the file: Error while deserializing header"),
+    "projections-x-experts": (lambda d: ((d / "config.json").write_text('{"num_experts": 65536}'), save_file(
+        {f"model.layers.0.mlp.experts.0.p{i}.weight": np.zeros(1, np.float32) for i in range(100)},
+        str(d / "model.safetensors"))), "100 distinct projection names under its experts, over the 64"),
     "million-globs": (lambda d: (d / "config.json").write_text(json.dumps(
         {"num_experts": 2, "quantization_config": {**NV, "ignore": ["x*"] * 1_000_000}})),
         "the ignore list has 1000000 entries, over the 10000"),

@@ -246,8 +246,8 @@ MAX_DEPTH = 64  # directory levels below a run directory searched for *.xml (a r
 
 
 def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
-    """Every *.xml entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH levels down (a run directory nested 1,200
-    levels is a bad input, not a RecursionError); links to directories are not followed."""
+    """Every *.xml entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH levels down (a run
+    directory nested 1,200 levels is a bad input, not a RecursionError); links to directories are not followed."""
     stack = [(root, 0)]
     while stack:
         d, depth = stack.pop()
