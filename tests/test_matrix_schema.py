@@ -44,6 +44,11 @@ BAD = [
      "marker 'nocache' is used both as arch and as mode"),
     ("env-not-string", _replace('PYTORCH_NO_CUDA_MEMORY_CACHING: "1"', "PYTORCH_NO_CUDA_MEMORY_CACHING: true"),
      9, "environment values are strings"),
+    ("env-ld-preload", _replace('PYTORCH_NO_CUDA_MEMORY_CACHING: "1"', "LD_PRELOAD: /tmp/x.so"), 9,
+     "modes[1].env: 'LD_PRELOAD' is not a variable a matrix may set for the engine (only CUDA_*, PYTORCH_*, TORCH_*, "
+     "VLLM_*, QUANTMATRIX_*, NCCL_*: a matrix is data, not code)"),
+    ("env-pythonpath", _replace('PYTORCH_NO_CUDA_MEMORY_CACHING: "1"', "PYTHONPATH: /tmp"), 9,
+     "'PYTHONPATH' is not a variable a matrix may set for the engine"),
     ("bad-choice", _replace("tier: cpu", "tier: cuda"), 17, "expected one of cpu, gpu; got 'cuda'"),
     ("unsafe-tag-sequence", _replace("label: B200}", "label: !!python/object/apply:os.system [id]}"), 3,
      "archs[0].label: expected a single value, got a list"),

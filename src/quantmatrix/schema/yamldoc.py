@@ -16,6 +16,9 @@ import yaml
 from quantmatrix.errors import MatrixError
 
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+# What a matrix may set for the engine child: the CUDA, PyTorch, vLLM and quantmatrix knobs the modes need. A matrix
+# is data, never code: LD_PRELOAD, PYTHONPATH, BASH_ENV and the like would run what the matrix names in the child.
+ENV_PREFIXES = ("CUDA_", "PYTORCH_", "TORCH_", "VLLM_", "QUANTMATRIX_", "NCCL_")
 ENV_CHARS = 32_768  # one environment value (Linux refuses more than 128 KiB per string at exec)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -159,6 +162,9 @@ def env_vars(doc: Doc, node: yaml.Node, what: str) -> dict[str, str]:
         if not _ENV.match(key):
             raise doc.error(knode, f"{what}: {key[:80]!r} is not an environment variable name (letters, digits and _, "
                                    "at most 128)")
+        if not key.startswith(ENV_PREFIXES):
+            raise doc.error(knode, f"{what}: {key!r} is not a variable a matrix may set for the engine (only "
+                                   f"{', '.join(p + '*' for p in ENV_PREFIXES)}: a matrix is data, not code)")
         value = doc.scalar(vnode, f"{what}.{key}")
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {show(value)}")
