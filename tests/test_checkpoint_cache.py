@@ -91,3 +91,21 @@ def test_a_snapshot_missing_shards_is_not_cached_and_says_how_to_resume(tmp_path
     for name in shards.values():
         (snap / name).write_bytes(b"")
     assert store.resolve_hub("example-org/tiny-moe-nvfp4", "b" * 40) == snap
+
+
+@pytest.mark.parametrize("edit", ["changed", "added", "removed"])
+def test_an_entry_edited_in_place_is_rebuilt_not_used(matrix, edit):
+    """The cache outlives the night and a job can write it: an entry whose files no longer hold the bytes its
+    build recorded (a tensor file changed, a file added or removed) is built again, byte for byte as before."""
+    wo = matrix.checkpoints[0]
+    entry = store.materialize(wo)
+    clean = (entry / "model.safetensors").read_bytes()
+    if edit == "changed":
+        (entry / "model.safetensors").write_bytes(clean[:-1] + bytes([clean[-1] ^ 1]))
+    elif edit == "added":
+        (entry / "sitecustomize.py").write_text("import os\n")
+    else:
+        (entry / "generation_config.json").unlink()
+    assert store.materialize(wo) == entry
+    assert (entry / "model.safetensors").read_bytes() == clean
+    assert (entry / "generation_config.json").is_file() and not (entry / "sitecustomize.py").exists()

@@ -93,7 +93,8 @@ def twin(checkpoint: Checkpoint, size: str) -> Path | None:
 
 
 def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
-    """The cache entry of one spec (`label-<digest>`), built unless already complete: a hash check only."""
+    """The cache entry of one spec (`label-<digest>`), built unless complete with the very bytes it was built with
+    (the cache persists between nights, writable by jobs: an entry edited in place is rebuilt, never used)."""
     key = digest(spec)
     final = cache_root() / "checkpoints" / f"{label}-{key[:16]}"
     if not _complete(final, key):
@@ -101,9 +102,19 @@ def materialize_spec(spec: SyntheticSpec, label: str) -> Path:
     return final
 
 
+def _files(path: Path) -> dict[str, str]:
+    """sha256 of every file of a cache entry but its marker, by relative path."""
+    return {f.relative_to(path).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(path.rglob("*")) if f.is_file() and f.name != _COMPLETE}
+
+
 def _complete(path: Path, key: str) -> bool:
-    marker = path / _COMPLETE
-    return marker.is_file() and marker.read_text() == key
+    """The entry was built for this key and holds exactly the files, with the content, its build recorded."""
+    try:
+        record = json.loads((path / _COMPLETE).read_text())
+        return record["key"] == key and record["files"] == _files(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def build(spec: SyntheticSpec, final: Path, key: str) -> None:
@@ -113,7 +124,7 @@ def build(spec: SyntheticSpec, final: Path, key: str) -> None:
     tmp.chmod(0o755)  # mkdtemp's 0700 would survive the rename
     try:
         write(spec, tmp)
-        (tmp / _COMPLETE).write_text(key)
+        (tmp / _COMPLETE).write_text(json.dumps({"key": key, "files": _files(tmp)}))
         if final.exists() and not _complete(final, key):  # a stale or half-written leftover
             shutil.rmtree(final)
         try:
