@@ -105,8 +105,8 @@ def render(report: NightReport, g: Grid) -> str:
                 " · ".join(f"{n} {o}" for o, n in totals.items() if n))
     head.append("")
     verdict = report.headline()
-    head.append(f"> **{_text(verdict, 1200)}**" if report.exit_code else f"> {verdict}")
-    head += [f"> 🧯 **{_text(line, 600)}**" for line in report.setup_failures() + report.vllm_broken()]
+    # the headline names the night's own problems (a broken vLLM, an arch job that could not test) once each
+    head.append(f"> **{_text(verdict, 4000)}**" if report.exit_code else f"> {verdict}")
     if d["archs_lost"]:
         head.append(f"> 🕳️ **no results at all from: {', '.join(_text(a) for a in d['archs_lost'])}**")
     reported = report.reported()
