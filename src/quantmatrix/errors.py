@@ -29,3 +29,7 @@ class ReportError(QuantmatrixError):
 
 class BisectError(QuantmatrixError):
     """A bisect cannot start as asked: an unknown release or case, an unreadable index or report."""
+
+
+class SanitizerLogError(QuantmatrixError):
+    """A compute-sanitizer report or parameter record cannot be read whole: the message names the file and line."""

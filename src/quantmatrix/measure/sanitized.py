@@ -1,0 +1,142 @@
+"""A sanitized engine run read from disk: each process's compute-sanitizer log (`sanitizer.<pid>.log`, the runner's
+--log-file) mapped through the parameter record of the engine worker with that pid (the run's result). Also the
+inputs `quantmatrix initcheck` takes by hand: a run directory, or one log with its record in a file or in a
+`PARAMS {json}` line of the log itself.
+
+What cannot be read (a log cut short, no log for the process that held the model, a malformed record) is kept as
+text (`unreadable`), for the check to say; nothing here judges.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.engine.protocol import SANITIZER_LOG
+from quantmatrix.errors import SanitizerLogError
+from quantmatrix.measure import initcheck
+from quantmatrix.measure.uninit import Hit, Record, Uninit, from_params_line, map_reports, worker_record
+
+_LOG_PID = re.compile(re.escape(SANITIZER_LOG).replace("%p", r"(\d+)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sanitized:
+    """Every process's mapped report, and what could not be read (`unreadable`); `recorded`: tensors in the
+    records the engine's workers returned."""
+
+    processes: tuple[Uninit, ...]
+    unreadable: tuple[str, ...]
+    recorded: int
+
+    @property
+    def hits(self) -> list[Hit]:
+        return [h for p in self.processes for h in p.hits]
+
+    @property
+    def other(self) -> dict[str, int]:
+        total: collections.Counter[str] = collections.Counter()
+        for p in self.processes:
+            total.update(p.other)
+        return dict(total.most_common())
+
+    @property
+    def reports(self) -> int:
+        return sum(p.reports for p in self.processes)
+
+    @property
+    def ordered(self) -> bool:
+        """Whether every process that held tensors had its report split by the marker."""
+        held = [p for p in self.processes if p.tensors]
+        return bool(held) and all(p.marker_at is not None for p in held)
+
+
+def log_pid(path: Path) -> int | None:
+    m = _LOG_PID.fullmatch(path.name)
+    return int(m[1]) if m else None
+
+
+def of_run(logs: list[Path], workers: list[dict[str, Any]]) -> Sanitized:
+    """Each log through the record of the worker with its pid; a process with no record (the engine child, a
+    process without the model) has every read counted as scratch/activation memory."""
+    unreadable: list[str] = []
+    records: dict[int | None, Record] = {}
+    for i, w in enumerate(workers):
+        try:
+            rec = worker_record(w.get("params"), f"worker {i} (pid {w.get('pid')}) parameter record")
+        except SanitizerLogError as e:
+            unreadable.append(str(e))
+            continue
+        records[w.get("pid") if type(w.get("pid")) is int else rec.pid] = rec
+    if not logs:
+        unreadable.append(f"compute-sanitizer wrote no log ({SANITIZER_LOG}) in the run directory: it did not run")
+    seen = {log_pid(p) for p in logs}
+    unreadable += [f"no compute-sanitizer log for engine worker pid {pid}, the process that held the model: the "
+                 "sanitizer did not follow it (pass --target-processes all)" for pid, r in records.items()
+                 if r.tensors and pid not in seen]
+    mapped = []
+    for path in logs:
+        try:
+            log = initcheck.read(path)
+        except SanitizerLogError as e:
+            unreadable.append(str(e))
+            continue
+        pid = log_pid(path)
+        mapped.append(map_reports(log, records.get(pid, Record((), None, pid))))
+    return Sanitized(tuple(mapped), tuple(unreadable), sum(len(r.tensors) for r in records.values()))
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SanitizerLogError(f"{path}: not a readable JSON file ({e})") from None
+
+
+def run_directory(directory: Path) -> Sanitized:
+    """A run directory of the engine store (<cache>/e2e/<session>/<cell>-<digest>/): result.json and its logs."""
+    result = _json(directory / "result.json")
+    workers = result.get("workers") if isinstance(result, dict) else None
+    if not isinstance(workers, list):
+        raise SanitizerLogError(f"{directory / 'result.json'}: holds no engine workers (the run failed before "
+                                "the model was inspected; its engine.log says why)")
+    return of_run(sorted(directory.glob(SANITIZER_LOG.replace("%p", "*"))), workers)
+
+
+def one_log(log_path: Path, params: Path | None) -> Sanitized:
+    """One log with its record: `params` (a run's result.json, one worker's record, or a PARAMS object), else the
+    log's own PARAMS lines. An input that names no record is an error, not a run without parameters."""
+    log = initcheck.read(log_path)
+    if params is None:
+        if not log.params:
+            raise SanitizerLogError(f"{log_path}: no parameter record: the log has no `PARAMS {{json}}` line; pass "
+                                    "--params FILE (the run's result.json) or the run's directory")
+        merged = {k: v for p in log.params for k, v in p.items()}
+        record = Record(tuple(from_params_line(merged, f"{log_path} PARAMS")), None)
+    else:
+        record = _record_file(params, log_pid(log_path))
+    return Sanitized((map_reports(log, record),), (), len(record.tensors))
+
+
+def _record_file(path: Path, pid: int | None) -> Record:
+    data = _json(path)
+    if isinstance(data, dict) and isinstance(data.get("workers"), list):
+        workers = data["workers"]
+        match = [w for w in workers if isinstance(w, dict) and w.get("pid") == pid]
+        if not match and len(workers) == 1:
+            match = workers
+        if len(match) != 1:
+            raise SanitizerLogError(f"{path}: {len(workers)} engine workers and the log's name gives no pid of "
+                                    f"theirs ({SANITIZER_LOG}): pass the log of one worker")
+        data = match[0]
+    if isinstance(data, dict) and isinstance(data.get("params"), dict):
+        data = data["params"]
+    if isinstance(data, dict) and "records" in data:
+        return worker_record(data, str(path))
+    if isinstance(data, dict):
+        return Record(tuple(from_params_line(data, str(path))), None)
+    raise SanitizerLogError(f"{path}: neither a run's result.json, a parameter record nor a PARAMS object")
