@@ -49,6 +49,11 @@ class Sanitized:
         return sum(p.reports for p in self.processes)
 
     @property
+    def withheld(self) -> int:
+        """Reports counted in a summary but never printed: reads nobody can place."""
+        return sum(p.withheld for p in self.processes)
+
+    @property
     def ordered(self) -> bool:
         """Whether every process that held tensors had its report split by the marker."""
         held = [p for p in self.processes if p.tensors]

@@ -222,7 +222,8 @@ class Hit:
 @dataclasses.dataclass(frozen=True)
 class Uninit:
     """One report mapped through one record: hits inside recorded tensors, reads elsewhere per kernel, and
-    whether the marker ordered the report (`marker_at`: the index of its first read, None: order unknown)."""
+    whether the marker ordered the report (`marker_at`: the index of its first read, None: order unknown), and how
+    many reports the sanitizer withheld."""
 
     source: str
     reports: int
@@ -230,6 +231,7 @@ class Uninit:
     other: dict[str, int]
     marker_at: int | None
     tensors: int
+    withheld: int = 0  # reports the sanitizer counted but did not print (--print-limit): never mapped
 
 
 def _marker_at(reports: tuple[Report, ...], marker: tuple[int, int] | None) -> int | None:
@@ -262,7 +264,7 @@ def map_reports(log: SanitizerLog, record: Record) -> Uninit:
         entry[0] += 1
         entry[1].update(found[0].elements(r.address, r.size))
     out = tuple(Hit(t, k, n, frozenset(els), frame) for (t, k), (n, els, frame) in hits.items())
-    return Uninit(log.source, len(log.reports), out, dict(other), marker_at, len(record.tensors))
+    return Uninit(log.source, len(log.reports), out, dict(other), marker_at, len(record.tensors), log.not_printed)
 
 
 # ------------------------------------------------------------------------------------------ findings

@@ -16,7 +16,7 @@ import yaml
 
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields
+from quantmatrix.schema import e2e, fields, sanitizer
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -149,9 +149,11 @@ def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
             "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
             "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
             "label": Field(as_text, "what the mode reproduces"),
+            "sanitizer": Field(sanitizer.parse, "run the engine child under compute-sanitizer (tool, flags, "
+                               "prompts, max_tokens, silence)", required=False),
         })
         _unique(doc, seen, r["name"], r["@name"], "mode")
-        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
+        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"], r["sanitizer"]))
     return tuple(modes)
 
 
@@ -359,6 +361,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     settings = None
     if top["e2e"] is not None:
         settings = e2e.parse(doc, top["e2e"], [m.name for m in modes])
+        _check_sanitized_prompts(doc, top["modes"], modes, settings)
         e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
@@ -366,6 +369,16 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
                     sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings)
     _check_marker_clashes(doc, top, matrix)
     return matrix
+
+
+def _check_sanitized_prompts(doc: Doc, nodes: tuple[yaml.Node, ...], modes: tuple[Mode, ...],
+                             settings: e2e.E2E) -> None:
+    """A sanitized run generates for the first `prompts` e2e prompts: asking for more than there are is an error,
+    not a silent cut."""
+    for node, mode in zip(nodes, modes, strict=True):
+        if mode.sanitizer is not None and mode.sanitizer.prompts > len(settings.prompts):
+            raise doc.error(node, f"mode {mode.name!r}: sanitizer.prompts {mode.sanitizer.prompts} exceeds the "
+                                  f"{len(settings.prompts)} prompts of {settings.prompts_file}")
 
 
 def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
