@@ -30,6 +30,7 @@ from quantmatrix.engine.protocol import CHILD_MODULE, ENGINE_ENV, MODE_ONLY_ENV,
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.model import Cell
+from quantmatrix.schema.sanitizer import Sanitizer
 
 LOG_TAIL_LINES = 40
 _STARTED = "started"
@@ -184,7 +185,12 @@ def build_request(e2e: E2E, cell: Cell, model: Path, platform: str, task_prompts
         raise QuantmatrixError(f"mode {cell.mode.name} runs the engine under compute-sanitizer, and none was given")
     prompts = list(e2e.prompts[:knob.prompts])
     return {**request, "prompts": prompts, "greedy_prompts": len(prompts), "max_tokens": knob.max_tokens,
-            "sanitizer": {"tool": knob.tool, "argv": [str(sanitizer), "--tool", knob.tool, *knob.flags]}}
+            "sanitizer": sanitizer_request(knob, sanitizer)}
+
+
+def sanitizer_request(knob: Sanitizer, executable: Path) -> dict[str, Any]:
+    """The wrapper part of a request: the runner's compute-sanitizer, the knob's tool and flags."""
+    return {"tool": knob.tool, "argv": [str(executable), "--tool", knob.tool, *knob.flags]}
 
 
 def timeout_s(e2e: E2E, cell: Cell) -> float:
@@ -197,10 +203,14 @@ def command(request: dict[str, Any], directory: Path) -> list[str]:
     """The child's command line: `python -m CHILD_MODULE REQUEST RESULT`, under the request's sanitizer (its log
     one file per process in `directory`) where there is one."""
     child = [sys.executable, "-m", CHILD_MODULE, str(directory / "request.json"), str(directory / "result.json")]
-    wrapper = request.get("sanitizer")
-    if not wrapper:
+    return wrapped(request.get("sanitizer"), directory, child)
+
+
+def wrapped(sanitizer: dict[str, Any] | None, directory: Path, child: list[str]) -> list[str]:
+    """`child` under a request's sanitizer (sanitizer_request), its log one file per process in `directory`."""
+    if not sanitizer:
         return child
-    return [*wrapper["argv"], "--log-file", str(directory / SANITIZER_LOG), *child]
+    return [*sanitizer["argv"], "--log-file", str(directory / SANITIZER_LOG), *child]
 
 
 def run_child(request: dict[str, Any], directory: Path, env: Mapping[str, str], timeout_s: float) -> GroupRun:
