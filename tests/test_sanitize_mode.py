@@ -220,3 +220,23 @@ def test_the_runner_looks_where_the_cuda_toolkit_installs_it(tmp_path, monkeypat
     assert sanitizer.find() == on_path
     assert sanitizer.find(tmp_path / "nope") is None
     assert sanitizer.missing(tmp_path / "nope") == f"--compute-sanitizer {tmp_path / 'nope'} is not an executable file"
+
+
+def test_detect_says_whether_this_host_can_run_the_sanitized_modes(tmp_path, capsys, monkeypatch):
+    """`quantmatrix detect` names the compute-sanitizer the runner would use, or that the mode will be skipped."""
+    monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
+    monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked"))
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    default = str(ROOT / "matrices" / "default.yaml")
+    if sanitizer.find() is None:
+        main(["detect", "--matrix", default])
+        assert "compute-sanitizer: none (no compute-sanitizer on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin (it " \
+               "ships with the CUDA toolkit; or pass --compute-sanitizer PATH)); mode(s) sanitize will be skipped" \
+               in capsys.readouterr().out
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "compute-sanitizer"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    main(["detect", "--matrix", default])
+    assert f"compute-sanitizer: {exe}\n" in capsys.readouterr().out
