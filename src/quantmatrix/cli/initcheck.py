@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.bounded import shown
 from quantmatrix.checks import sanitize
 from quantmatrix.cli.root import default_matrix
 from quantmatrix.errors import QuantmatrixError
@@ -71,15 +72,17 @@ def run_initcheck(args: argparse.Namespace) -> int:
                          indent=2))
         return 1 if judged.failing else 2 if measured.withheld else 0
     order = "split at the marker" if measured.ordered else "unknown (no marker read: every record applies throughout)"
-    print(f"{args.path}: {measured.reports} reports, {measured.recorded} tensors recorded; order: {order}")
+    lines = [f"{args.path}: {measured.reports} reports, {measured.recorded} tensors recorded; order: {order}"]
     if judged.failing:
-        print(f"FAIL {sanitize.headline(judged.failing)}")
-        print("\n".join(f"- {sanitize.describe(f)}" for f in judged.failing))
+        lines.append(f"FAIL {sanitize.headline(judged.failing)}")
+        lines += [f"- {sanitize.describe(f)}" for f in judged.failing]
     else:
-        print("OK no tensor of the model was read where nobody wrote")
-    for hit, entry in judged.silenced:
-        print(f"silenced ({entry.reason}; {entry.link}): {hit.tensor.name} x{hit.reads} by {hit.kernel}")
-    print(f"other uninitialised reads (scratch/activation memory, not failed): {sanitize.other_line(measured.other)}")
+        lines.append("OK no tensor of the model was read where nobody wrote")
+    lines += [f"silenced ({entry.reason}; {entry.link}): {hit.tensor.name} x{hit.reads} by {hit.kernel}"
+              for hit, entry in judged.silenced]
+    lines.append(f"other uninitialised reads (scratch/activation memory, not failed): "
+                 f"{sanitize.other_line(measured.other)}")
+    print("\n".join(shown(line) for line in lines))  # names from the log: one printable line each
     if measured.withheld:
         print(sanitize.withheld_line(measured), file=sys.stderr)
     return 1 if judged.failing else 2 if measured.withheld else 0

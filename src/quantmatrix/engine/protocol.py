@@ -15,6 +15,9 @@ GUARD_ENV = "QUANTMATRIX_GUARD"
 RECORD_ENV = "QUANTMATRIX_RECORD_PARAMS"
 # The two records' stages: right after the model is built, right after process_weights_after_loading.
 BUILT, PROCESSED = "built", "processed"
+# The start of the line the guard logs once it has judged a model (guard.plugin): a guard mode whose engine log lacks
+# it never ran the guard (VLLM_PLUGINS leaving it out, a load format it does not reach) and proves nothing.
+GUARD_RAN = "quantmatrix guard ran ("
 # Set by a mode, never inherited from the shell that started pytest (a runner with QUANTMATRIX_GUARD in its own
 # environment would otherwise run every mode guarded).
 MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV, GUARD_ENV, RECORD_ENV)

@@ -26,7 +26,16 @@ from typing import Any
 
 import quantmatrix
 from quantmatrix.atomic import dump_json, write_atomic
-from quantmatrix.engine.protocol import CHILD_MODULE, ENGINE_ENV, MODE_ONLY_ENV, POISON_ENV, RECORD_ENV, SANITIZER_LOG
+from quantmatrix.engine.protocol import (
+    CHILD_MODULE,
+    ENGINE_ENV,
+    GUARD_ENV,
+    GUARD_RAN,
+    MODE_ONLY_ENV,
+    POISON_ENV,
+    RECORD_ENV,
+    SANITIZER_LOG,
+)
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.model import Cell
@@ -90,6 +99,14 @@ class GroupRun:
     def sanitizer_logs(self) -> list[Path]:
         """compute-sanitizer's reports of this run, one per process (empty for a run without a sanitizer)."""
         return sorted(self.directory.glob(SANITIZER_LOG.replace("%p", "*")))
+
+    def guard_ran(self) -> bool:
+        """Whether the engine log holds the guard's `ran` line (read whole: it is this run's own log)."""
+        try:
+            text = (self.directory / "engine.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return GUARD_RAN in text
 
     def overhead_s(self) -> float | None:
         """Suite time outside vLLM's engine start and generation (process start, import, inspection, I/O)."""
@@ -177,7 +194,8 @@ def build_request(e2e: E2E, cell: Cell, model: Path, platform: str, task_prompts
     request = {"cell": cell.id, "model": str(model), "engine_args": engine_args(e2e, cell, platform),
                "prompts": [*e2e.prompts, *task_prompts], "greedy_prompts": len(e2e.prompts),
                "max_tokens": e2e.max_tokens, "logprobs": e2e.logprobs, "platform": platform,
-               "poison": cell.mode.env.get(POISON_ENV), "sanitizer": None}
+               "poison": cell.mode.env.get(POISON_ENV), "guard": cell.mode.env.get(GUARD_ENV),
+               "sanitizer": None}
     knob = cell.mode.sanitizer
     if knob is None:
         return request

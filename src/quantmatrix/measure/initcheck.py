@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix.errors import SanitizerLogError
 
 PREFIX = "========="
@@ -108,10 +109,14 @@ def parse(text: str, source: str = "<log>") -> SanitizerLog:
 
 
 def read(path: Path) -> SanitizerLog:
-    """A log file, streamed line by line (a healthy model's report runs to hundreds of MB)."""
+    """A log file, streamed line by line (a healthy model's report runs to hundreds of MB): a regular file under
+    bounded's cap, or an error naming it."""
     try:
+        bounded.check_file(path, "sanitizer_log")
         with path.open(encoding="utf-8", errors="replace") as f:
             return parse_lines(f, str(path))
+    except bounded.InputError as e:
+        raise SanitizerLogError(f"{path}: cannot read the sanitizer's log ({e.why})") from None
     except OSError as e:
         raise SanitizerLogError(f"{path}: cannot read the sanitizer's log ({e.strerror or e})") from None
 
@@ -186,7 +191,7 @@ def _kernel(at: str) -> str:
 def _params(line: str, source: str, n: int) -> dict[str, Any]:
     try:
         value = json.loads(line[len(PARAMS):])
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise SanitizerLogError(f"{source}:{n}: the PARAMS line is not JSON ({e})") from None
     if not isinstance(value, dict):
         raise SanitizerLogError(f"{source}:{n}: the PARAMS line is not a JSON object of name -> "

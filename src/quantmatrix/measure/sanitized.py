@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix.engine.protocol import SANITIZER_LOG
 from quantmatrix.errors import SanitizerLogError
 from quantmatrix.measure import initcheck
@@ -96,10 +97,13 @@ def of_run(logs: list[Path], workers: list[dict[str, Any]]) -> Sanitized:
 
 
 def _json(path: Path) -> Any:
+    """A result or record file through bounded's reader (a regular file under the result cap)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SanitizerLogError(f"{path}: not a readable JSON file ({e})") from None
+        return json.loads(bounded.read_text(path, "result"))
+    except bounded.InputError as e:
+        raise SanitizerLogError(f"{path}: not a readable JSON file ({e.why})") from None
+    except (ValueError, RecursionError) as e:
+        raise SanitizerLogError(f"{path}: not a readable JSON file ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def run_directory(directory: Path) -> Sanitized:

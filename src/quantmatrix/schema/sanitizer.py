@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -96,3 +99,12 @@ def parse(doc: Doc, node: yaml.Node, what: str) -> Sanitizer:
                          "with reason and link", required=False, default=tuple),
     })
     return Sanitizer(r["tool"], r["flags"], r["prompts"], r["max_tokens"], r["timeout_s"], r["silence"])
+
+
+def check_prompts(doc: Doc, nodes: Sequence[yaml.Node], modes: Sequence[Any], prompts: int, prompts_file: Path) -> None:
+    """A sanitized run generates for the first `prompts` e2e prompts: asking for more than there are is an error
+    at the mode's line, not a silent cut. `modes`: the matrix's Modes, in the order of their `nodes`."""
+    for node, mode in zip(nodes, modes, strict=True):
+        if mode.sanitizer is not None and mode.sanitizer.prompts > prompts:
+            raise doc.error(node, f"mode {mode.name!r}: sanitizer.prompts {mode.sanitizer.prompts} exceeds the "
+                                  f"{prompts} prompts of {prompts_file}")
