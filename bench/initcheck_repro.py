@@ -128,6 +128,7 @@ def judge(directory: Path, knob: object) -> int:
     measured = sanitized.run_directory(directory)
     judged = sanitize.judge(measured, knob)  # type: ignore[arg-type]
     print(f"{directory}: {measured.reports} reports, order {'split at the marker' if measured.ordered else 'unknown'}")
+    print(f"logs: {measured.attribution}")  # which pid compute-sanitizer's %p gave: the process's or its own
     print("\n".join(measured.unreadable) or "every log read whole")
     for f in judged.failing:
         print(f"- {sanitize.describe(f)}")

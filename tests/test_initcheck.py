@@ -242,7 +242,29 @@ def test_a_run_directory_maps_each_process_through_its_own_worker(tmp_path):
     assert [len(p.hits) for p in run.processes] == [0, 2] and sum(run.other.values()) == 17
     assert run.unreadable == ("no compute-sanitizer log for engine worker pid 42, the process that held the model: "
                               "the sanitizer did not follow it (pass --target-processes all)",)
-    assert not run.ordered
+    assert not run.ordered and run.attribution == sanitized.BY_PID
+
+
+def test_one_log_named_by_the_sanitizer_s_own_pid_goes_with_the_one_worker_that_held_the_model(tmp_path):
+    """Where `%p` is compute-sanitizer's pid (one log for every process it follows, named by no worker), the log is
+    mapped through the only worker holding tensors, and says so; with two such workers nothing can be placed."""
+    params = json.loads(next(x for x in LINES if x.startswith("PARAMS"))[7:])
+    tensors = [{"name": n, "ptr": a, "nbytes": b - a, "element_size": s, "shape": sh, "experts": sh[0]}
+               for n, (a, b, s, sh) in params.items()]
+    worker = {"pid": 41, "params": {"requested": True, "records": [{"stage": BUILT, "tensors": tensors}]}}
+    empty = {"pid": 43, "params": {"requested": True, "records": []}}  # a worker without the model
+    (tmp_path / "sanitizer.7.log").write_text(TEXT)
+    (tmp_path / "result.json").write_text(json.dumps({"workers": [worker, empty]}))
+    run = sanitized.run_directory(tmp_path)
+    assert (run.unreadable, [len(p.hits) for p in run.processes], run.other) == ((), [2], {})
+    assert run.attribution == ("sanitizer.7.log is named by no worker's pid (compute-sanitizer's own: one log for "
+                               "every process it followed), mapped through the one worker that held the model, "
+                               "pid 41")
+    (tmp_path / "result.json").write_text(json.dumps({"workers": [worker, {**worker, "pid": 42}]}))
+    run = sanitized.run_directory(tmp_path)
+    assert run.unreadable == ("the logs' names (sanitizer.7.log) give no pid of the 2 engine workers that held the "
+                              "model (pids 41, 42), so no read can be placed in a process",)
+    assert [len(p.hits) for p in run.processes] == [0]
 
 
 def test_reading_a_log_is_streamed_and_an_unreadable_one_is_named(tmp_path):

@@ -93,6 +93,23 @@ def test_the_probe_s_unwritten_tensors_fail_the_cell_by_layer_tensor_experts_and
         ("model.layers.0.mlp.experts.w2_input_scale", 1, 1, "5"),
         ("model.layers.1.mlp.experts.w13_input_scale", 16, 16, "0-7")]
     assert (props[P.SANITIZER_REPORTS], props[P.UNINIT_ORDER], props[P.UNINIT_OTHER_READS]) == ("17", "unknown", "{}")
+    assert props[P.UNINIT_ATTRIBUTION] == sanitized.BY_PID
+
+
+def test_a_log_named_by_the_sanitizer_s_own_pid_still_names_the_tensors_and_says_how(tmp_path, capsys):
+    """compute-sanitizer's %p may be its own pid: the one log, named by no worker, goes with the one worker that
+    held the model; the failure and the property say so."""
+    run = _run(tmp_path)
+    (run.directory / f"sanitizer.{PID}.log").rename(run.directory / "sanitizer.9999.log")
+    v = _verdict(_case(), run)
+    lines = v.message.splitlines()
+    assert "2 tensor(s) of the model read where nobody wrote" in lines[0]
+    said = ("sanitizer.9999.log is named by no worker's pid (compute-sanitizer's own: one log for every process it "
+            f"followed), mapped through the one worker that held the model, pid {PID}")
+    assert lines[1] == f"[no MoE layer seen] compute-sanitizer initcheck, 17 reports (logs: {said}):"
+    assert dict(v.properties)[P.UNINIT_ATTRIBUTION] == said
+    assert main(["initcheck", str(run.directory)]) == 1
+    assert f"logs: {said}" in capsys.readouterr().out.splitlines()
 
 
 def test_a_silenced_kernel_is_recorded_apart_and_fails_nothing(tmp_path):

@@ -66,9 +66,10 @@ DEGENERATION, FIRST_DIVERGENCE, ACCURACY = "degeneration", "first_divergence", "
 # uninit_reads (the sanitize mode): compute-sanitizer's report count; the model's tensors read where nobody wrote
 # (JSON list: tensor, stage, reads, elements, experts, kernels), silenced ones apart with their reason and link;
 # every other uninitialised read (scratch/activation memory) as JSON {kernel: reads}; whether the marker ordered the
-# report (`markers`) or both records applied throughout (`unknown`).
+# report (`markers`) or both records applied throughout (`unknown`); how each log was matched to a worker's record.
 SANITIZER_REPORTS, UNINIT_PARAM_READS = "sanitizer_reports", "uninit_param_reads"
 UNINIT_SILENCED, UNINIT_OTHER_READS, UNINIT_ORDER = "uninit_silenced", "uninit_other_reads", "uninit_order"
+UNINIT_ATTRIBUTION = "uninit_attribution"
 # The cell's greedy continuations of the e2e prompts, and each position's top-k as ranked token ids: recorded
 # once per cell (on its degeneration case) for the report's cross-arch comparison (report.crossarch).
 GREEDY_TOKEN_IDS, GREEDY_TOP_K = "greedy_token_ids", "greedy_top_k"

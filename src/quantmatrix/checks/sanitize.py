@@ -21,7 +21,7 @@ from quantmatrix.checks.verdict import Verdict
 from quantmatrix.engine.protocol import BUILT, PROCESSED
 from quantmatrix.engine.runner import GroupRun
 from quantmatrix.measure.initcheck import short_kernel
-from quantmatrix.measure.sanitized import Sanitized
+from quantmatrix.measure.sanitized import BY_PID, Sanitized
 from quantmatrix.measure.uninit import PRINTED, Finding, Hit, findings, ranges
 from quantmatrix.schema.model import Case
 from quantmatrix.schema.sanitizer import Sanitizer, Silence
@@ -105,7 +105,8 @@ def properties(measured: Sanitized, judged: Judged) -> list[tuple[str, str]]:
     return [(P.SANITIZER_REPORTS, str(measured.reports)),
             (P.UNINIT_PARAM_READS, json.dumps([_finding_json(f) for f in judged.failing[:LIST_LIMIT]], **compact)),
             (P.UNINIT_SILENCED, json.dumps(silenced, **compact)), (P.UNINIT_OTHER_READS, json.dumps(other, **compact)),
-            (P.UNINIT_ORDER, "markers" if measured.ordered else "unknown")]
+            (P.UNINIT_ORDER, "markers" if measured.ordered else "unknown"),
+            (P.UNINIT_ATTRIBUTION, measured.attribution)]
 
 
 def _record_problem(case: Case, run: GroupRun) -> str | None:
@@ -139,7 +140,8 @@ def uninit_reads(case: Case, run: GroupRun, measured: Sanitized | None) -> Verdi
     if not judged.failing and not measured.withheld:
         return Verdict.ok(props)
     lines = [headline(judged.failing) if judged.failing else withheld_line(measured),
-             f"[{run.routed()}] compute-sanitizer {knob.tool}, {measured.reports} reports:"]
+             f"[{run.routed()}] compute-sanitizer {knob.tool}, {measured.reports} reports"
+             + ("" if measured.attribution == BY_PID else f" (logs: {measured.attribution})") + ":"]
     lines += [f"- {describe(f)}" for f in judged.failing]
     if judged.failing and measured.withheld:
         lines.append(withheld_line(measured))

@@ -73,6 +73,8 @@ def run_initcheck(args: argparse.Namespace) -> int:
         return 1 if judged.failing else 2 if measured.withheld else 0
     order = "split at the marker" if measured.ordered else "unknown (no marker read: every record applies throughout)"
     lines = [f"{args.path}: {measured.reports} reports, {measured.recorded} tensors recorded; order: {order}"]
+    if args.path.is_dir() and measured.attribution != sanitized.BY_PID:  # a run's logs matched to its workers
+        lines.append(f"logs: {measured.attribution}")
     if judged.failing:
         lines.append(f"FAIL {sanitize.headline(judged.failing)}")
         lines += [f"- {sanitize.describe(f)}" for f in judged.failing]

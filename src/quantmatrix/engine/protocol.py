@@ -21,8 +21,10 @@ GUARD_RAN = "quantmatrix guard ran ("
 # Set by a mode, never inherited from the shell that started pytest (a runner with QUANTMATRIX_GUARD in its own
 # environment would otherwise run every mode guarded).
 MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV, GUARD_ENV, RECORD_ENV)
-# compute-sanitizer's --log-file in a group's run directory: one report per process (%p: its pid), matched to the
-# parameter record of the worker with that pid.
+# compute-sanitizer's --log-file in a group's run directory. %p is a pid: the followed process's (one log each,
+# matched to the worker with that pid) or, as NVIDIA's manual words it for some releases, compute-sanitizer's own
+# (one log for every process; measure.sanitized maps it through the one worker that held the model). Not yet seen
+# on a GPU: the first sanitized run's uninit_attribution property says which.
 SANITIZER_LOG = "sanitizer.%p.log"
 # adapter.engine.on_every_worker: LLM.apply_model cloudpickles its function to the engine processes.
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}

@@ -3,6 +3,11 @@
 inputs `quantmatrix initcheck` takes by hand: a run directory, or one log with its record in a file or in a
 `PARAMS {json}` line of the log itself.
 
+Which process wrote a log is read from its name, and only trusted where it is one of the workers' pids: NVIDIA's
+manual gives `%p` as compute-sanitizer's own pid on some releases, and then every followed process writes into one
+log whose name matches no worker. Such a log is mapped through the one worker that held the model; with several,
+no address can be placed in a process (a virtual address means different memory in each), and that is said.
+
 What cannot be read (a log cut short, no log for the process that held the model, a malformed record) is kept as
 text (`unreadable`), for the check to say; nothing here judges.
 """
@@ -22,6 +27,7 @@ from quantmatrix.errors import SanitizerLogError
 from quantmatrix.measure import initcheck
 from quantmatrix.measure.uninit import Hit, Record, Uninit, from_params_line, map_reports, worker_record
 
+BY_PID = "one log per process, by its pid"
 _LOG_PID = re.compile(re.escape(SANITIZER_LOG).replace("%p", r"(\d+)"))
 
 
@@ -33,6 +39,7 @@ class Sanitized:
     processes: tuple[Uninit, ...]
     unreadable: tuple[str, ...]
     recorded: int
+    attribution: str = BY_PID  # how each log was matched to a worker's record
 
     @property
     def hits(self) -> list[Hit]:
@@ -80,10 +87,8 @@ def of_run(logs: list[Path], workers: list[dict[str, Any]]) -> Sanitized:
         records[w.get("pid") if type(w.get("pid")) is int else rec.pid] = rec
     if not logs:
         unreadable.append(f"compute-sanitizer wrote no log ({SANITIZER_LOG}) in the run directory: it did not run")
-    seen = {log_pid(p) for p in logs}
-    unreadable += [f"no compute-sanitizer log for engine worker pid {pid}, the process that held the model: the "
-                 "sanitizer did not follow it (pass --target-processes all)" for pid, r in records.items()
-                 if r.tensors and pid not in seen]
+    attribution, problems, record_of = _attribute(logs, records)
+    unreadable += problems
     mapped = []
     for path in logs:
         try:
@@ -92,8 +97,28 @@ def of_run(logs: list[Path], workers: list[dict[str, Any]]) -> Sanitized:
             unreadable.append(str(e))
             continue
         pid = log_pid(path)
-        mapped.append(map_reports(log, records.get(pid, Record((), None, pid))))
-    return Sanitized(tuple(mapped), tuple(unreadable), sum(len(r.tensors) for r in records.values()))
+        mapped.append(map_reports(log, record_of.get(pid, Record((), None, pid))))
+    return Sanitized(tuple(mapped), tuple(unreadable), sum(len(r.tensors) for r in records.values()), attribution)
+
+
+def _attribute(logs: list[Path], records: dict[int | None, Record]) -> tuple[str, list[str], dict[int | None, Record]]:
+    """How logs go with records (the attribution said, what cannot be placed, each log pid's record): by pid where a
+    log's name is a model-holding worker's pid; else (the sanitizer named its one log by its own pid) that log
+    through the one worker that held the model; else no read can be placed in a process."""
+    holders = {pid: r for pid, r in records.items() if r.tensors}
+    seen = {log_pid(p) for p in logs}
+    if not logs or not holders or seen & holders.keys():
+        return BY_PID, [f"no compute-sanitizer log for engine worker pid {pid}, the process that held the model: "
+                        "the sanitizer did not follow it (pass --target-processes all)"
+                        for pid in holders if pid not in seen], records
+    names = ", ".join(p.name for p in logs)
+    if len(logs) == 1 and len(holders) == 1:
+        (pid, only), = holders.items()
+        said = (f"{names} is named by no worker's pid (compute-sanitizer's own: one log for every process it "
+                f"followed), mapped through the one worker that held the model, pid {pid}")
+        return said, [], {log_pid(logs[0]): only}
+    return "none", [f"the logs' names ({names}) give no pid of the {len(holders)} engine workers that held the model "
+                    f"(pids {', '.join(map(str, holders))}), so no read can be placed in a process"], {}
 
 
 def _json(path: Path) -> Any:
@@ -128,7 +153,8 @@ def one_log(log_path: Path, params: Path | None) -> Sanitized:
         record = Record(tuple(from_params_line(merged, f"{log_path} PARAMS")), None)
     else:
         record = _record_file(params, log_pid(log_path))
-    return Sanitized((map_reports(log, record),), (), len(record.tensors))
+    given = "its own PARAMS lines" if params is None else str(params)
+    return Sanitized((map_reports(log, record),), (), len(record.tensors), f"one log, {log_path.name}, with {given}")
 
 
 def _record_file(path: Path, pid: int | None) -> Record:
