@@ -87,8 +87,8 @@ def of_run(logs: list[Path], workers: list[dict[str, Any]]) -> Sanitized:
         records[w.get("pid") if type(w.get("pid")) is int else rec.pid] = rec
     if not logs:
         unreadable.append(f"compute-sanitizer wrote no log ({SANITIZER_LOG}) in the run directory: it did not run")
-    attribution, problems, record_of = _attribute(logs, records)
-    unreadable += problems
+    attribution, unplaced, record_of = _attribute(logs, records)
+    unreadable += unplaced
     mapped = []
     for path in logs:
         try:
