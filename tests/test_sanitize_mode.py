@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from quantmatrix.adapter.versions import versions
 from quantmatrix.cli import main
+from quantmatrix.cli import matrix as matrix_cli
 from quantmatrix.engine.protocol import CHILD_MODULE
 from quantmatrix.errors import MatrixError
 from quantmatrix.host import detect, sanitizer
@@ -223,14 +225,18 @@ def test_the_runner_looks_where_the_cuda_toolkit_installs_it(tmp_path, monkeypat
 
 
 def test_detect_says_whether_this_host_can_run_the_sanitized_modes(tmp_path, capsys, monkeypatch):
-    """`quantmatrix detect` names the compute-sanitizer the runner would use, or that the mode will be skipped."""
+    """`quantmatrix detect` names the compute-sanitizer the runner would use, or that the mode will be skipped. The
+    host is one without vLLM, as the measured H200 was (faked: it keeps detect off the vLLM import, which
+    tests/test_cli.py and tests/test_vllm_health.py run)."""
+    real = versions()
+    monkeypatch.setattr(matrix_cli, "versions", lambda: {**real, "vllm_distribution": "none"})
     monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
     monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked"))
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     default = str(ROOT / "matrices" / "default.yaml")
     if sanitizer.find() is None:
-        main(["detect", "--matrix", default])
+        assert main(["detect", "--matrix", default]) == 0
         assert "compute-sanitizer: none (no compute-sanitizer on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin (it " \
                "ships with the CUDA toolkit; or pass --compute-sanitizer PATH)); mode(s) sanitize will be skipped" \
                in capsys.readouterr().out
@@ -238,5 +244,6 @@ def test_detect_says_whether_this_host_can_run_the_sanitized_modes(tmp_path, cap
     exe = tmp_path / "bin" / "compute-sanitizer"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
-    main(["detect", "--matrix", default])
-    assert f"compute-sanitizer: {exe}\n" in capsys.readouterr().out
+    assert main(["detect", "--matrix", default]) == 0
+    out = capsys.readouterr().out
+    assert f"compute-sanitizer: {exe}\n" in out and "vllm_health: no vLLM installed" in out
