@@ -1,5 +1,7 @@
 """The sanitize mode's parameter record, made inside every engine process at the poison plugin's seams
 (adapter.engine.loader_seams), so that a sanitizer's device addresses can be named as layer, tensor and expert.
+Entry point `vllm.general_plugins: quantmatrix_params = quantmatrix.engine.params:register`; the engine child also
+registers it in every process vLLM spawns (an install made earlier may not list the entry point).
 
 With QUANTMATRIX_RECORD_PARAMS=1 (set by the runner for a mode with a `sanitizer:` knob, never by a matrix's env)
 every parameter and registered buffer of the model is recorded twice: right after the model is built (the tensors
