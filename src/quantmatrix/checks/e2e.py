@@ -65,6 +65,11 @@ def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
 
 def engine_problem(case: Case, run: GroupRun) -> str | None:
     """The run itself is unusable: it failed, or its poison mode did not take effect inside the engine."""
+    return run_problem(case.cell.mode.name, run)
+
+
+def run_problem(mode: str, run: GroupRun) -> str | None:
+    """engine_problem for a run in `mode`."""
     if run.failure is not None:
         return f"the engine run failed: {run.failure.message()}"
     wanted = run.request["poison"]
@@ -74,7 +79,7 @@ def engine_problem(case: Case, run: GroupRun) -> str | None:
         if not states or off:
             seen = "; ".join(f"pid {s['pid']}: registered_by={s['registered_by']}, requested={s['requested']}, "
                              f"models built={s['models_built']}" for s in states) or "no worker answered"
-            return (f"mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
+            return (f"mode {mode} asks for poison {wanted!r}, but the plugin did "
                     f"not fill the model inside the engine ({seen}); the mode proved nothing")
     return None
 

@@ -1,0 +1,1 @@
+"""`quantmatrix repro`: a red cell as a bundle a vLLM developer runs without quantmatrix (docs/repro.md)."""
