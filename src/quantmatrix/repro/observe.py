@@ -62,8 +62,10 @@ def run(case: dict[str, Any], observe: Callable[[dict[str, Any], dict[str, Path]
         print(f"cannot observe this here ({type(e).__name__}): {e}")
         return CANNOT
     for key, value in observed.items():
+        shown = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
         night = case["recorded"].get(key)
-        print(f"  {key}: {value}" + (f"   (the failing run recorded: {night})" if night not in (None, value) else ""))
+        print(f"  {key}: {shown[:2000]}" + (f"   (the failing run recorded: {night[:2000]})"
+                                             if night not in (None, shown) else ""))
     if problem is None:
         print(f"PASS: the check passes here; the failure below is gone:\n  {case['message'][:2000]}")
     else:
