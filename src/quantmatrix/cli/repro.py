@@ -12,16 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantmatrix import properties as P
 from quantmatrix.atomic import dump_json, write_atomic
 from quantmatrix.cli.root import default_matrix, project_root
 from quantmatrix.errors import QuantmatrixError, ReproError
 from quantmatrix.report.links import bundle_name
-from quantmatrix.repro import bundle, record
+from quantmatrix.repro import CHECKPOINT_CAP
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Matrix
+
+if TYPE_CHECKING:
+    from quantmatrix.repro.record import Record
 
 
 def register(sub: Any) -> None:
@@ -39,19 +42,21 @@ def register(sub: Any) -> None:
     p.add_argument("--previous", type=Path, metavar="SUMMARY", help="with --failed: only cases that were not "
                    "already red in this summary.json (last night's)")
     p.add_argument("--limit", type=int, default=50, metavar="N", help="with --failed: at most N bundles (50)")
-    p.add_argument("--checkpoint-cap", type=float, default=bundle.CHECKPOINT_CAP / 2**20, metavar="MB",
+    p.add_argument("--checkpoint-cap", type=float, default=CHECKPOINT_CAP / 2**20, metavar="MB",
                    help="largest checkpoint a bundle carries (default %(default)g MB); above it, its recipe")
     p.add_argument("--no-environment", action="store_true", help="skip `vllm collect-env`")
     p.set_defaults(run=run)
 
 
-def _records(args: argparse.Namespace) -> list[record.Record]:
+def _records(args: argparse.Namespace) -> list[Record]:
+    from quantmatrix.repro import record
+
     if bool(args.junit) == (args.from_report is not None):
         raise ReproError("give the run's --junit files or a report's --from-report summary.json (one of them)")
     return record.from_junit(args.junit) if args.junit else record.from_summary(args.from_report)
 
 
-def _matrix(args: argparse.Namespace, rec: record.Record, cache: dict[Path, Matrix]) -> Matrix:
+def _matrix(args: argparse.Namespace, rec: Record, cache: dict[Path, Matrix]) -> Matrix:
     """--matrix, else the file the run names (relative to the checkout when it is not here), else the default."""
     path = args.matrix
     if path is None and rec.prop(P.MATRIX):
@@ -64,6 +69,9 @@ def _matrix(args: argparse.Namespace, rec: record.Record, cache: dict[Path, Matr
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the bundle writer imports torch (seconds), which no other subcommand should pay for
+    from quantmatrix.repro import bundle, record
+
     records = _records(args)
     options = bundle.Options(int(args.checkpoint_cap * 2**20), not args.no_environment)
     matrices: dict[Path, Matrix] = {}

@@ -28,12 +28,11 @@ from quantmatrix.adapter.versions import install_command, install_spec
 from quantmatrix.atomic import dump_json, write_atomic
 from quantmatrix.checkpoints import store
 from quantmatrix.errors import ReproError
-from quantmatrix.repro import expect, issue, script
+from quantmatrix.repro import CHECKPOINT_CAP, expect, issue, script
 from quantmatrix.repro.record import Record, vllm_of
 from quantmatrix.repro.secrets import scrub, secret_file
 from quantmatrix.schema.model import Case, Checkpoint, Matrix
 
-CHECKPOINT_CAP = 64 << 20  # bytes of checkpoint files a bundle carries; above it, the recipe only
 LOG_CAP = 1 << 20  # the engine log's last bytes kept
 RESULT_CAP = 4 << 20  # request/result files above this are left out (named in case.json)
 VENV = "repro-venv"
