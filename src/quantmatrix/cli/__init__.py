@@ -15,10 +15,10 @@ import sys
 import tempfile
 import traceback
 
-from quantmatrix.cli import bisect, checkpoints, matrix, report, repro
+from quantmatrix.cli import bisect, checkpoints, ci, matrix, report, repro
 from quantmatrix.errors import QuantmatrixError
 
-_MODULES = (matrix, report, checkpoints, bisect, repro)
+_MODULES = (matrix, report, checkpoints, bisect, repro, ci)
 
 
 def parser() -> argparse.ArgumentParser:
