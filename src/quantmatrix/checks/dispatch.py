@@ -8,10 +8,10 @@ where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.declared import Declaration, declare
@@ -44,11 +44,11 @@ def _groups_part(d: Declaration) -> str:
 def config_shape(checkpoint_dir: Path) -> str:
     """A one-line description of the config's shape, so a reader knows which resolution rule decided (the config
     groups as adapter.declared reads them for the lint and the guard)."""
-    cfg = json.loads((checkpoint_dir / "config.json").read_text())
+    cfg = json.loads(bounded.read_bytes(checkpoint_dir / "config.json", "config"))
     qc = cfg.get("quantization_config")
     legacy = checkpoint_dir / "hf_quant_config.json"
     if qc is None and legacy.is_file():
-        whole = json.loads(legacy.read_text())
+        whole = json.loads(bounded.read_bytes(legacy, "config"))
         d = declare(whole, legacy=True)
         groups = "no config_groups" if d.groups_shape == "missing" else _groups_part(d)
         return f"hf_quant_config.json (legacy); quant_algo={whole.get('quantization', {}).get('quant_algo')}; {groups}"
@@ -75,13 +75,15 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
     settled = got.scheme == expected
     because = checkpoint.expectation("rejected_because") if settled and expected == "rejected" else None
     method = checkpoint.expectation("quant_method") if settled and expected != "rejected" else None
-    return config_problem(expected, method, because, got, shape)
+    matched = because is not None and bounded.regex(because).search(got.detail) is not None
+    return config_problem(expected, method, because, matched, got, shape)
 
 
-def config_problem(expected: str, method: str | None, because: str | None, got: Resolution,
+def config_problem(expected: str, method: str | None, because: str | None, matched: bool, got: Resolution,
                    shape: str) -> str | None:
     """None when the resolution is what the matrix expects (scheme `expected`; then the quant `method`, or for a
-    refusal vLLM's words matching `because`), else the message a maintainer reads."""
+    refusal vLLM's words matching the pattern `because`, which the caller searched: `matched`), else the message
+    a maintainer reads."""
     if got.scheme != expected:
         routed = f"{got.method}/{got.algo}" if got.algo else got.method
         head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
@@ -92,8 +94,7 @@ def config_problem(expected: str, method: str | None, because: str | None, got: 
             why = "the matrix says vLLM must refuse this config rather than guess a kernel"
         return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
     if expected == "rejected":
-        assert because is not None
-        if re.search(because, got.detail) is None:
+        if not matched:
             return (f"vLLM rejected the config, but not for the reason the matrix expects: {got.detail!r} does not "
                     f"match {because!r} [config shape: {shape}]")
         return None

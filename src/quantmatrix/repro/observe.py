@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -107,8 +108,12 @@ def observe_config_dispatch(case: dict[str, Any], where: dict[str, Path]) -> Obs
     got = config.resolve(where["checkpoint"])
     shape = dispatch.config_shape(where["checkpoint"])
     settled = got.scheme == e["resolves_to"]
-    problem = dispatch.config_problem(e["resolves_to"], e.get("quant_method") if settled else None,
-                                      e.get("rejected_because") if settled else None, got, shape)
+    because = e.get("rejected_because") if settled else None
+    # Python's re, not the check's RE2 (not a vLLM dependency): the pattern already compiled under RE2 when the
+    # matrix was loaded, so it has no construct re reads differently, and it is searched in vLLM's own message
+    matched = because is not None and re.search(because, got.detail) is not None
+    problem = dispatch.config_problem(e["resolves_to"], e.get("quant_method") if settled else None, because,
+                                      matched, got, shape)
     return problem, {"config_shape": shape, "quant_method": got.method, "quant_config_class": got.config_class,
                      "resolved_algo": got.algo, "resolved_scheme": got.scheme, "detail": got.detail}
 
