@@ -18,13 +18,13 @@ import dataclasses
 import importlib
 import inspect
 import math
-import symtable
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
 from quantmatrix.errors import ReproError
+from quantmatrix.repro import syntax
 
 _PACKAGE = "quantmatrix"
 _FORBIDDEN = {"__file__", "__package__", "__spec__", "__path__"}
@@ -94,8 +94,8 @@ class Lifter:
             defs: dict[str, ast.stmt] = {}
             imports: dict[str, ast.stmt] = {}
             for stmt in tree.body:
-                for bound in _bound_by(stmt):
-                    (imports if _is_import(stmt) else defs)[bound] = stmt
+                for bound in syntax.bound_by(stmt):
+                    (imports if syntax.is_import(stmt) else defs)[bound] = stmt
             self._modules[name] = _Module(module, text, text.splitlines(), defs, imports)
         return self._modules[name]
 
@@ -153,7 +153,7 @@ class Lifter:
     def _external(self, mod: _Module, stmt: ast.stmt, name: str) -> None:
         """Copy the statement that imports `name` (torch, safetensors, the standard library) into the script,
         unless another module already bound the name to something else."""
-        binding = _binding(stmt, name, mod.text)
+        binding = syntax.binding(stmt, name, mod.text)
         owner = self.names.get(name)
         if owner is not None and owner != ("import", binding):
             raise ReproError(f"{name!r} means {binding} in {mod.module.__name__} but {owner[1]} elsewhere")
@@ -168,7 +168,7 @@ class Lifter:
         else:
             assert isinstance(stmt, ast.ImportFrom)
             alias = next(a for a in stmt.names if (a.asname or a.name) == name)
-            ref = self._ref(self._mod(_absolute(stmt, mod.module.__name__)), alias.name)
+            ref = self._ref(self._mod(syntax.absolute(stmt, mod.module.__name__)), alias.name)
             if not isinstance(ref, str):
                 raise ReproError(f"{mod.module.__name__} imports {name} from quantmatrix, but it is not data or "
                                  "a function the lifter can carry")
@@ -186,9 +186,9 @@ class Lifter:
         tree = ast.parse(text)
         edits: list[tuple[int, int, int, int, str]] = []
         local = self._local_imports(mod, tree, edits)
-        bare = _NoAnnotations().visit(ast.parse(text))
-        runtime, deftime = _globals(ast.unparse(bare), name)
-        shadowed = _locals(ast.unparse(bare))
+        bare = syntax.NoAnnotations().visit(ast.parse(text))
+        runtime, deftime = syntax.global_names(ast.unparse(bare), name)
+        shadowed = syntax.local_names(ast.unparse(bare))
         resolved: dict[str, str | ModuleType | None] = dict(local)
         for ref in sorted((runtime | deftime) - set(local)):
             resolved[ref] = self._ref(mod, ref)
@@ -196,7 +196,7 @@ class Lifter:
             if isinstance(lifted, str) and lifted != ref:
                 raise ReproError(f"{mod.module.__name__}.{name} imports {lifted} as {ref} inside a function")
         needed: set[str] = set()
-        annotations = _annotation_nodes(tree)
+        annotations = syntax.annotation_nodes(tree)
         for node in ast.walk(tree):
             if id(node) in annotations:
                 continue
@@ -210,10 +210,10 @@ class Lifter:
                 if node.value.id in deftime:
                     needed.add(lifted)
             elif isinstance(node, ast.Name) and isinstance(resolved.get(node.id), ModuleType) \
-                    and not _is_attribute_base(tree, node):
+                    and not syntax.is_attribute_base(tree, node):
                 raise ReproError(f"{mod.module.__name__}.{name} uses the module {node.id} as a value")
         needed |= {str(resolved[n]) for n in deftime if isinstance(resolved.get(n), str)}
-        return _apply(text, edits), needed
+        return syntax.apply_edits(text, edits), needed
 
     def _alias(self, alias: str, lifted: str) -> str:
         key = ("alias", alias)
@@ -238,7 +238,7 @@ class Lifter:
             if isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset > 0 and _from_package(node):
                 for alias in node.names:
                     local = alias.asname or alias.name
-                    base = _absolute(node, mod.module.__name__) if isinstance(node, ast.ImportFrom) else ""
+                    base = syntax.absolute(node, mod.module.__name__) if isinstance(node, ast.ImportFrom) else ""
                     full = f"{base}.{alias.name}" if base else alias.name
                     if full in sys.modules or _is_module(full):
                         out[local] = importlib.import_module(full)
@@ -268,7 +268,7 @@ class Lifter:
 
         for item in list(self.items.values()):
             visit(item, ())
-        return sorted(set(self.imports.values()), key=_import_order), [i.source for i in order]
+        return sorted(set(self.imports.values()), key=syntax.import_order), [i.source for i in order]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -281,37 +281,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _is_import(stmt: ast.stmt) -> bool:
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return True
-    inner = [s for s in ast.walk(stmt) if isinstance(s, ast.stmt) and s is not stmt]
-    return isinstance(stmt, (ast.If, ast.Try)) and bool(inner) and all(
-        isinstance(s, (ast.Import, ast.ImportFrom, ast.Pass, ast.Expr)) for s in inner)
-
-
-def _bound_by(stmt: ast.stmt) -> list[str]:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [stmt.name]
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
-    if isinstance(stmt, (ast.If, ast.Try)) and _is_import(stmt):
-        return [n for s in ast.walk(stmt) if isinstance(s, (ast.Import, ast.ImportFrom)) for n in _bound_by(s)]
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-        stmt, ast.AnnAssign) else []
-    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-
-
 def _from_package(stmt: ast.stmt) -> bool:
     nodes = [n for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))]
     return any(n.level > 0 or (n.module or "").split(".")[0] == _PACKAGE if isinstance(n, ast.ImportFrom)
                else any(a.name.split(".")[0] == _PACKAGE for a in n.names) for n in nodes)
-
-
-def _absolute(stmt: ast.ImportFrom, here: str) -> str:
-    if not stmt.level:
-        return stmt.module or ""
-    base = here.split(".")[: -stmt.level]
-    return ".".join(base + ([stmt.module] if stmt.module else []))
 
 
 def _is_module(name: str) -> bool:
@@ -344,102 +317,3 @@ def _segment(mod: _Module, stmt: ast.stmt, name: str) -> str:
     return "\n".join(mod.lines[first - 1: stmt.end_lineno]) + "\n"
 
 
-_COMPREHENSIONS = {"genexpr", "listcomp", "setcomp", "dictcomp"}
-
-
-def _globals(text: str, name: str) -> tuple[set[str], set[str]]:
-    """(global names used at run time, global names evaluated when the statement itself runs: at module level,
-    in a class body, in a comprehension there; never inside a function or lambda body)."""
-    runtime: set[str] = set()
-    deftime: set[str] = set()
-
-    def walk(t: symtable.SymbolTable, evaluated: bool) -> None:
-        top = t.get_type() == "module"
-        for s in t.get_symbols():
-            used = s.is_referenced() or (s.is_assigned() and s.is_global() and not top)
-            if used and (top or s.is_global()):
-                runtime.add(s.get_name())
-                if evaluated and s.is_referenced():
-                    deftime.add(s.get_name())
-        for child in t.get_children():
-            now = evaluated and (child.get_type() == "class" or child.get_name() in _COMPREHENSIONS)
-            walk(child, now)
-
-    walk(symtable.symtable(text, "<lift>", "exec"), True)
-    return runtime - {name}, deftime - {name}
-
-
-def _locals(text: str) -> set[str]:
-    """Every name a function or class body of `text` binds locally (parameters included)."""
-    out: set[str] = set()
-
-    def walk(t: symtable.SymbolTable) -> None:
-        if t.get_type() != "module":
-            out.update(s.get_name() for s in t.get_symbols() if s.is_local() or s.is_parameter())
-        for child in t.get_children():
-            walk(child)
-
-    walk(symtable.symtable(text, "<lift>", "exec"))
-    return out
-
-
-class _NoAnnotations(ast.NodeTransformer):
-    """Annotations are strings in the script (`from __future__ import annotations`): never a name it needs."""
-
-    def visit_arg(self, node: ast.arg) -> ast.arg:
-        node.annotation = None
-        return node
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
-        node.returns = None
-        return self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
-        if node.value is None:
-            return ast.copy_location(ast.Pass(), node)
-        return ast.copy_location(ast.Assign(targets=[node.target], value=self.visit(node.value)), node)
-
-
-def _annotation_nodes(tree: ast.AST) -> set[int]:
-    """ids of every node inside an annotation (left as text: the script never evaluates them)."""
-    roots: list[ast.AST] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.arg) and node.annotation is not None:
-            roots.append(node.annotation)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
-            roots.append(node.returns)
-        elif isinstance(node, ast.AnnAssign):
-            roots.append(node.annotation)
-    return {id(n) for root in roots for n in ast.walk(root)}
-
-
-def _binding(stmt: ast.stmt, name: str, text: str) -> str:
-    """What an import binds `name` to: `module` or `module:attr` (two spellings of one binding agree)."""
-    for node in ast.walk(stmt):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if (a.asname or a.name.split(".")[0]) == name:
-                    return a.name if a.asname else a.name.split(".")[0]
-        elif isinstance(node, ast.ImportFrom):
-            for a in node.names:
-                if (a.asname or a.name) == name:
-                    return f"{node.module}:{a.name}"
-    return ast.get_source_segment(text, stmt) or name
-
-
-def _is_attribute_base(tree: ast.AST, name: ast.Name) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.value is name for n in ast.walk(tree))
-
-
-def _apply(text: str, edits: list[tuple[int, int, int, int, str]]) -> str:
-    lines = text.splitlines(keepends=True)
-    for line, col, end_line, end_col, new in sorted(edits, reverse=True):
-        head, tail = lines[line - 1][:col], lines[end_line - 1][end_col:]
-        lines[line - 1: end_line] = [head + new + tail]
-    return "".join(lines)
-
-
-def _import_order(statement: str) -> tuple[int, str]:
-    return (0 if statement.startswith("from __future__") else 1, statement)
