@@ -33,3 +33,8 @@ class BisectError(QuantmatrixError):
 
 class SanitizerLogError(QuantmatrixError):
     """A compute-sanitizer report or parameter record cannot be read whole: the message names the file and line."""
+
+
+class ReproError(QuantmatrixError):
+    """A repro bundle cannot be made as asked: an unknown case, a record without what the script needs, code the
+    lifter cannot carry into a standalone script."""

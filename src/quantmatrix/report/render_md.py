@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from quantmatrix import properties as P
+from quantmatrix.report import links
 from quantmatrix.report.crossarch import describe_disagreement
 from quantmatrix.report.model import DISAGREE, LOST, CaseResult, Grid, NightReport, cell_status
 
@@ -91,6 +92,12 @@ def _case_line(report: NightReport, c: CaseResult) -> str:
         line += " — newly skipped (coverage lost)"
     if "flaky" in c.tags:
         line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if c.attempts else "")
+    offered = links.offers(report, c)
+    if "bundle" in offered:
+        line += f" — [repro bundle]({offered['bundle']}/)"
+    for what in ("rerun", "bisect"):
+        if what in offered:
+            line += f"\n  - {what}: {_code(offered[what], 1500)}"
     return line
 
 
