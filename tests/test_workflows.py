@@ -342,7 +342,7 @@ def test_the_merge_step_records_the_report_exit_status_with_quantmatrix_faked(tm
     args = (tmp_path / "args").read_text()
     # nothing arrived: a night of no results, judged, never "a bad input"
     assert args == ("report nightly/junit --out nightly/report --night 2026-12-02-run41 --conclusion cancelled "
-                    "--allow-bad-inputs\n")
+                    "--bundles nightly/report/bundles --allow-bad-inputs\n")
     (tmp_path / "nightly" / "previous").mkdir(parents=True)
     (tmp_path / "nightly" / "previous" / "summary.json").write_text("{}")
     (tmp_path / "nightly" / "junit" / "junit-sm121").mkdir(parents=True)
@@ -493,3 +493,29 @@ def test_setup_sh_tells_an_install_failure_from_a_vllm_that_does_not_import(tmp_
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == rc, proc.stderr
     assert ("does not import in .venv: ImportError: cudaLibrary_t" in proc.stderr) is (rc == 11)
+
+
+def test_the_arch_job_bundles_each_runs_failures_and_uploads_them_with_quantmatrix_faked(tmp_path):
+    """`quantmatrix repro --failed` once per run directory of this arch that holds JUnit, size-capped, into
+    repro/<run>; a run whose failures could not all be bundled is a warning, not a failed job; the bundles are
+    uploaded even when the cases failed."""
+    job = _workflow("nightly-arch.yml")["jobs"]["gpu"]
+    step = _step(job, "Repro bundles")
+    assert step["if"] == "always()"
+    upload = _step(job, "Upload the repro bundles")
+    assert upload["if"] == "always()" and upload["with"]["path"] == "repro/"
+    assert upload["with"]["name"] == "repro-${{ inputs.arch }}"
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "quantmatrix").write_text('#!/bin/sh\necho "$*" >> calls\ncase "$*" in *sm121-real*) exit 1;; esac\n')
+    (venv / "quantmatrix").chmod(0o755)
+    for run in ("nightly-sm121-default", "nightly-sm121-real", "nightly-sm120-default"):
+        (tmp_path / "reports" / run).mkdir(parents=True)
+        (tmp_path / "reports" / run / "junit.xml").write_text("<testsuites/>")
+    (tmp_path / "reports" / "nightly-sm121-empty").mkdir()
+    proc = _bash(step["run"], tmp_path, {"PATH": os.environ["PATH"], "ARCH": "sm121"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        f"repro --failed --junit reports/nightly-sm121-{r}/ --out repro/nightly-sm121-{r} --limit 20 "
+        "--checkpoint-cap 16" for r in ("default", "real")]
+    assert "::warning::some failed cases of reports/nightly-sm121-real/ got no repro bundle" in proc.stdout

@@ -23,6 +23,12 @@ _FUSED = re.compile(r"(?P<module>.+\.experts)(\.routed_experts)?\.(?P<fused>w13|
 _PROJECTIONS = {"w13": ("gate_proj", "up_proj", "w1", "w3"), "w2": ("down_proj", "w2")}
 
 
+def is_fused_expert(param_name: str) -> bool:
+    """Whether a parameter is one of vLLM's fused expert tensors (dim 0: the experts), by its name alone: what a
+    record printed without vLLM (the H200 probe's PARAMS line) can be read by."""
+    return _FUSED.fullmatch(param_name) is not None
+
+
 def checkpoint_names(param_name: str, experts: tuple[int, ...]) -> tuple[str, ...]:
     """The parameter's own name, then the checkpoint tensors its expert rows `experts` are loaded from (a fused
     parameter: every projection it fuses, in both namings); any other parameter is only its own name."""

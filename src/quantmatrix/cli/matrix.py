@@ -14,6 +14,7 @@ from typing import Any
 from quantmatrix.adapter import health
 from quantmatrix.adapter.versions import versions, vllm_origin
 from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.host import sanitizer
 from quantmatrix.host.detect import detect
 from quantmatrix.pytest_plugin import runner
 from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER, HEALTH_TIMEOUT, RUN_ID_ENV
@@ -77,6 +78,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     print(f"gpu-tier markers this host satisfies: {' '.join(markers) if markers else 'none'}")
     for key, value in versions().items():
         print(f"{key}: {value}")
+    sanitized = [md.name for md in m.modes if md.sanitizer is not None]
+    if sanitized:
+        exe = sanitizer.find()
+        print(f"compute-sanitizer: {exe}" if exe else f"compute-sanitizer: none ({sanitizer.missing()}); mode(s) "
+              f"{', '.join(sanitized)} will be skipped")
     if vllm_origin() is None:
         if not host.devices:
             print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped on this host without a GPU)")

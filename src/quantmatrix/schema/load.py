@@ -17,7 +17,7 @@ import yaml
 from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields, limits
+from quantmatrix.schema import e2e, fields, limits, sanitizer
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -155,9 +155,11 @@ def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
             "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
             "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
             "label": Field(_LABEL, "what the mode reproduces"),
+            "sanitizer": Field(sanitizer.parse, "run the engine child under compute-sanitizer (tool, flags, "
+                               "prompts, max_tokens, silence)", required=False),
         })
         _unique(doc, seen, r["name"], r["@name"], "mode")
-        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
+        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"], r["sanitizer"]))
     return tuple(modes)
 
 
@@ -368,6 +370,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     settings = None
     if top["e2e"] is not None:
         settings = e2e.parse(doc, top["e2e"], [m.name for m in modes])
+        sanitizer.check_prompts(doc, top["modes"], modes, len(settings.prompts), settings.prompts_file)
         e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
