@@ -349,7 +349,8 @@ def test_the_merge_step_records_the_report_exit_status_with_quantmatrix_faked(tm
     (tmp_path / "nightly" / "junit" / "junit-sm121" / "junit.xml").write_text("<testsuites/>")
     _bash(script, tmp_path, env)
     args = (tmp_path / "args").read_text()
-    assert args.endswith(" --conclusion cancelled --previous nightly/previous/summary.json\n")
+    assert args.endswith(" --conclusion cancelled --bundles nightly/report/bundles --previous "
+                         "nightly/previous/summary.json\n")
 
 
 @pytest.mark.parametrize("leftover", ["", "4242\n4343\n"])
