@@ -16,8 +16,9 @@ from typing import Any
 # ------------------------------------------------------------ the case's cell (the plugin, on every case)
 CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE = "checkpoint", "scheme", "producer", "arch", "mode"
 CHECK, KIND, TIER, CELL = "check", "kind", "tier", "cell"
+LAYOUT = "layout"  # the parallel layout (tp1, tp2, tp2_ep); a cell id ends in it when it is not the serving one
 # what names a case's cell rather than says what it measured
-CELL_PROPERTIES = frozenset({CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE, CHECK, KIND, TIER, CELL})
+CELL_PROPERTIES = frozenset({CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE, LAYOUT, CHECK, KIND, TIER, CELL})
 
 # -------------------------------------- the host (every case, and the testsuite: per-case copies survive xdist)
 VLLM_VERSION, VLLM_DISTRIBUTION = "vllm_version", "vllm_distribution"

@@ -119,6 +119,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.user_properties += [
         (P.CHECKPOINT, c.checkpoint.id), (P.SCHEME, c.checkpoint.scheme.name),
         (P.PRODUCER, c.checkpoint.producer), (P.ARCH, c.arch.name), (P.MODE, c.mode.name),
+        (P.LAYOUT, c.layout.name),
         (P.CHECK, case.check.name), (P.KIND, case.check.kind), (P.TIER, case.check.tier), (P.CELL, c.id),
         *s.host_properties(),
     ]

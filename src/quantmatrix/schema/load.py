@@ -16,7 +16,7 @@ import yaml
 
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields
+from quantmatrix.schema import e2e, fields, layouts
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -65,6 +65,7 @@ _TOP = {
     "version": Field(one_of((1,)), "schema version, 1"),
     "archs": _nodes("list of GPU archs"),
     "modes": _nodes("list of allocator/exec modes"),
+    "layouts": _nodes("parallel layouts checked besides each checkpoint's serving one", required=False),
     "schemes": _nodes("list of quantization schemes"),
     "checks": _nodes("list of checks (suites/ test_<name>)"),
     "checkpoints": _nodes("list of checkpoints"),
@@ -184,6 +185,8 @@ _CHECK_FIELDS = {
     "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host", required=False),
     "vllm": Field(list_of(one_of(VLLM_PARTS)), "parts of the vLLM under test it imports (default: none)",
                   required=False),
+    "layouts": Field(one_of(layouts.SCOPES), "serving (the checkpoint's serving layout, default) or every (each "
+                     "layout the matrix checks, rank by rank)", required=False, default="serving"),
     "description": Field(as_text, "what it proves"),
 }
 _NARROWING = ("cells", "except_cells", "cpu_cells")
@@ -204,7 +207,7 @@ def _checks(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}{closest(s, schemes)}")
         records.append((r, i))
         checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"], r["description"],
-                                  vllm=tuple(r["vllm"] or ()))
+                                  vllm=tuple(r["vllm"] or ()), layouts=r["layouts"])
     return checks, records
 
 
@@ -346,10 +349,12 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         _check_pinned(checkpoints)
     backends = moe_backends.merged(moe_backends.parse(doc, top["moe_backends"]))
     _check_per_arch(archs, schemes, checkpoints, backends)
+    declared = layouts.parse(doc, top["layouts"])
     sel = _Selectors(doc, {
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
         "mode": [m.name for m in modes],
+        "layout": list(dict.fromkeys([*(lay.name for lay, _, _ in declared), *(c.serving.name for c in checkpoints)])),
         "scheme": list(schemes),
         "producer": list(PRODUCERS),
         "check": list(checks),
@@ -362,8 +367,12 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
+    checked = tuple(dataclasses.replace(lay, **{key: sel.many(doc.sequence(r[key], f"{what}.{key}"), f"{what}.{key}")
+                                                for key in ("cells", "except_cells") if r[key] is not None})
+                    for lay, r, what in declared)
     matrix = Matrix(doc.path, archs, modes, schemes, checks, checkpoints, backends,
-                    sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings)
+                    sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings,
+                    checked)
     _check_marker_clashes(doc, top, matrix)
     return matrix
 
@@ -373,6 +382,7 @@ def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
     owners: dict[str, str] = {t: "tier" for t in TIERS}
     entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
     entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(lay.name, "layout", node) for lay, node in zip(m.layouts, top["layouts"], strict=True)]
     entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
     entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
     for name, owner, node in entries:
