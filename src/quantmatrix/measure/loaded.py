@@ -16,10 +16,12 @@ class Finding:
     experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
     read: bool  # does the selected backend read this tensor?
     detail: str = ""
+    rank: int | None = None  # the rank that loaded it, under a parallel layout (experts are then global ids)
 
     def describe(self) -> str:
-        where = f" [expert{'s' if len(self.experts) > 1 else ''} {_ranges(self.experts)}]" if self.experts else ""
-        return f"{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
+        where = f" [expert{'s' if len(self.experts) > 1 else ''} {ranges(self.experts)}]" if self.experts else ""
+        on = f"rank {self.rank} " if self.rank is not None else ""
+        return f"{on}{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,7 @@ class AuditReport:
         return [f for f in self.findings if f not in self.read_but_unloaded and f not in self.unusable]
 
 
-def _ranges(rows: Iterable[int]) -> str:
+def ranges(rows: Iterable[int]) -> str:
     rows = sorted(rows)
     out, start = [], None
     for i, r in enumerate(rows):
