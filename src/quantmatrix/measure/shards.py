@@ -12,7 +12,17 @@ import torch
 from quantmatrix.adapter.parallel import RankFacts
 from quantmatrix.adapter.roles import FUSED_SHARDS, SHARDS, fused_parts
 from quantmatrix.checkpoints.producers import role_of
-from quantmatrix.measure.split import Checkpoint, Place, ShardFinding, diagnose, place, same, slices, source_part
+from quantmatrix.measure.split import (
+    Checkpoint,
+    Place,
+    ShardFinding,
+    diagnose,
+    place,
+    same,
+    slices,
+    source_part,
+    split_axis,
+)
 
 
 def moe_ranks(tp: int, ep: bool) -> int:
@@ -93,30 +103,28 @@ def _fused(rank: int, name: str, p: torch.Tensor, parts: tuple[str, str, str], f
             if isinstance(where, tuple):
                 findings.append(ShardFinding(rank, name, where[0], expert, source=src, detail=where[1]))
                 continue
-            slots.setdefault((where.flat, *((s.start, s.stop) for s in where.dest)), []).append((src, where))
+            slots.setdefault((where.flat, where.transposed, *((s.start, s.stop) for s in where.dest)), []).append(
+                (src, where))
         for candidates in slots.values():
             compared += 1
             bad = _check_slot(p.data[row], candidates, ck)
             if bad is not None:
                 held, src, where = bad
                 findings.append(ShardFinding(
-                    rank, name, "wrong", expert, slices(where.dest), f"{src}{slices(where.source)}",
+                    rank, name, "wrong", expert, slices(where.dest) + (" (of the row transposed)" if where.transposed
+                                                                       else ""), f"{src}{slices(where.source)}",
                     diagnose(held, _alternatives(ck, module, expert, fused, leaf, (src, tp_rank), ranks, where.flat,
                                                  facts.global_experts))))
     return findings, compared
-
-
-def _view(t: torch.Tensor, s: Sequence[slice], flat: bool) -> torch.Tensor:
-    return t.reshape(-1)[s[0]] if flat else t[tuple(s)]
 
 
 def _check_slot(row: torch.Tensor, candidates: list[tuple[str, Place]], ck: Checkpoint
                 ) -> tuple[torch.Tensor, str, Place] | None:
     """None when the slot holds the part of one of its candidates (two for a slot gate and up share), else what
     it holds and the first candidate."""
-    held = _view(row, candidates[0][1].dest, candidates[0][1].flat)
+    held = candidates[0][1].held(row)
     for src, where in candidates:
-        if same(held, _view(ck.tensor(src), where.source, where.flat)):
+        if same(held, where.part(ck.tensor(src))):
             return None
     return held, *candidates[0]
 
@@ -130,13 +138,16 @@ def _alternatives(ck: Checkpoint, module: str, expert: int, fused: str, leaf: st
             src = source_name(ck, module, e, shard, leaf)
             if src is None or ck.malformed(src):
                 continue
+            shape = ck.headers[src].shape
+            split_ranks = range(ranks) if not flat and split_axis(shard, shape, role_of(leaf)) is not None else (0,)
             unit = ck.unit(module, src.split(".")[-2], leaf, shard)
-            for r in range(ranks):
-                if (src, r) == own:
+            for r in split_ranks:
+                if src == own[0] and (r == own[1] or len(split_ranks) == 1):
                     continue
-                part = source_part(shard, ck.headers[src].shape, r, ranks, role_of(leaf), unit)
-                label = f"{src}{slices(part)}" + (f" (rank {r}'s part)" if ranks > 1 else "")
-                yield label, (lambda s=src, p=part: _view(ck.tensor(s), (slice(0, 1),) if flat else p, flat))
+                alt = Place((slice(0, 1),) if flat else source_part(shard, shape, r, ranks, role_of(leaf), unit), (),
+                            flat)
+                label = f"{src}{slices(alt.source)}" + (f" (rank {r}'s part)" if len(split_ranks) > 1 else "")
+                yield label, (lambda s=src, p=alt: p.part(ck.tensor(s)))
 
 
 def owners(facts: Mapping[int, RankFacts], strays: Mapping[int, Sequence[tuple[str, int, tuple[int, ...]]]],

@@ -56,11 +56,23 @@ class ShardFinding:
 @dataclasses.dataclass(frozen=True)
 class Place:
     """Where a rank's part of a checkpoint tensor goes: `source` slices the tensor, `dest` the rank's expert row
-    (both flat when `flat`: one value per projection in a two-slot row)."""
+    (both flat when `flat`: one value per projection in a two-slot row; `dest` slices the row's transpose when
+    `transposed`: a row stored input axis first, as GPTQ-style kernels keep it)."""
 
     source: tuple[slice, ...]
     dest: tuple[slice, ...]
     flat: bool = False
+    transposed: bool = False
+
+    def held(self, row: torch.Tensor) -> torch.Tensor:
+        """What the row holds where the part belongs."""
+        if self.flat:
+            return row.reshape(-1)[self.dest[0]]
+        return (row.transpose(-1, -2) if self.transposed else row)[self.dest]
+
+    def part(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of the checkpoint tensor."""
+        return tensor.reshape(-1)[self.source[0]] if self.flat else tensor[self.source]
 
 
 def split_axis(shard: str, shape: Sequence[int], role: str) -> int | None:
@@ -97,7 +109,8 @@ def source_part(shard: str, source: Sequence[int], rank: int, ranks: int, role: 
 def place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, ranks: int, role: str,
           unit: int = 1) -> Place | tuple[str, str]:
     """The reference place of a rank's part of one checkpoint tensor in its expert row, or (kind, why) where the
-    row cannot hold it (`shape`) or no rule places these shapes (`unplaced`)."""
+    row cannot hold it (`shape`) or no rule places these shapes (`unplaced`). A two-dimensional row that cannot
+    hold the part as the checkpoint lays it out but can hold it transposed is taken as stored transposed."""
     if math.prod(source) == 1:
         if math.prod(row) == 1:
             return Place((slice(0, 1),), (slice(0, 1),), flat=True)
@@ -107,12 +120,21 @@ def place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, rank
         return "unplaced", f"one value into a row of shape {list(row)}"
     if len(row) != len(source):
         return "unplaced", f"a {list(source)} tensor into a row of shape {list(row)}"
+    plain = _place(shard, source, row, rank, ranks, role, unit)
+    if isinstance(plain, Place) or len(row) != 2:
+        return plain
+    flipped = _place(shard, source, tuple(reversed(row)), rank, ranks, role, unit)
+    return Place(flipped.source, flipped.dest, transposed=True) if isinstance(flipped, Place) else plain
+
+
+def _place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, ranks: int, role: str,
+           unit: int) -> Place | tuple[str, str]:
+    axis = split_axis(shard, source, role)
     for d, (s, t) in enumerate(zip(source, row, strict=True)):
-        if d != split_axis(shard, source, role) and t < s:
+        if d != axis and t < s:
             return "shape", f"axis {d} holds {t}, the checkpoint has {s}"
     src = source_part(shard, source, rank, ranks, role, unit)
     dest = [slice(0, x.stop - x.start) for x in src]
-    axis = split_axis(shard, source, role)
     if axis is not None:
         size = src[axis].stop - src[axis].start
         w13 = shard in ("w1", "w3")
