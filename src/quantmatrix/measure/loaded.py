@@ -12,7 +12,8 @@ from collections.abc import Iterable
 class Finding:
     param: str
     role: str
-    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies
+    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies | misplaced (off the
+    # reference split of a parallel layout: the guard's per-call check)
     experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
     read: bool  # does the selected backend read this tensor?
     detail: str = ""
@@ -37,8 +38,10 @@ class AuditReport:
 
     @property
     def unusable(self) -> list[Finding]:
-        """Loaded with values no kernel can use, or refused by vLLM's loader (loud, but the checkpoint is broken)."""
-        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative", "refused")]
+        """Loaded with values no kernel can use, refused by vLLM's loader (loud, but the checkpoint is broken), or
+        written off the rank's reference split (the guard)."""
+        return [f for f in self.findings
+                if f.read and f.kind in ("nonfinite", "zero", "negative", "refused", "misplaced")]
 
     @property
     def notes(self) -> list[Finding]:
