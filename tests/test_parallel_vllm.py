@@ -15,7 +15,7 @@ import shard_bugs
 from junitparser import Failure, JUnitXml
 
 from quantmatrix.checkpoints import store
-from quantmatrix.measure import pool, ranks
+from quantmatrix.measure import pool, ranked
 from quantmatrix.schema.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,16 +100,16 @@ def test_the_rank_processes_fail_loudly_and_start_afresh(tmp_path):
     rank's traceback; the next job gets new ranks."""
     archs = (("sm121", DEFAULT.arch("sm121").capability),)
     backends = {n: (tuple(sorted(b.reads)), b.single_input_scale) for n, b in DEFAULT.moe_backends.items()}
-    ranked = pool.Pool()
+    ranks = pool.Pool()
     try:
         (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
         with pytest.raises(pool.RankFailure, match=r"(?s)rank 0 of tp2: Traceback.*LintError: .*model.safetensors: "
                                                    r"header length \d+ exceeds the file"):
-            ranked.run(ranks.Job(str(tmp_path), 2, False, archs, backends))
+            ranks.run(ranked.Job(str(tmp_path), 2, False, archs, backends))
         good = store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-weight-only"))
-        results = ranked.run(ranks.Job(str(good), 2, False, archs, backends))
+        results = ranks.run(ranked.Job(str(good), 2, False, archs, backends))
         assert [r.facts.tp_rank for r in results] == [0, 1] and all(r.compared > 0 for r in results)
-        assert ranked.jobs == 1 and ranked.ranks_built == 2
+        assert ranks.jobs == 1 and ranks.ranks_built == 2
     finally:
-        ranked.close()
-    assert ranked.log.is_file()
+        ranks.close()
+    assert ranks.log.is_file()

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from quantmatrix.adapter.parallel import RankFacts
-from quantmatrix.measure import shards, split
+from quantmatrix.measure import ranked, shards, split
 from quantmatrix.measure.split import Place, part, place
 
 E, FFN, H = 4, 64, 32  # experts, intermediate (expert ffn), hidden
@@ -111,7 +111,7 @@ def _rank_params(t: dict[str, torch.Tensor], rank: int, tp: int, experts: list[i
 
 
 def _compare(checkpoint: Path, params: dict[str, torch.Tensor], rank: int, tp: int, ep: bool = False,
-             experts: tuple[int, ...] = tuple(range(E))) -> tuple[list[split.ShardFinding], int]:
+             experts: tuple[int, ...] = tuple(range(E))) -> tuple[list[ranked.ShardFinding], int]:
     facts = RankFacts(0 if ep else rank, 1 if ep else tp, rank if ep else 0, tp if ep else 1, experts, E)
     return shards.compare_rank(params, facts, rank, tp, ep, split.Checkpoint(checkpoint))
 
@@ -174,13 +174,13 @@ def test_the_router_is_whole_on_every_rank_and_a_wrong_parallel_config_is_named(
 
 def test_experts_on_no_rank_on_two_and_written_by_a_rank_that_does_not_hold_them():
     facts = {0: RankFacts(0, 1, 0, 2, (0, 1), E), 1: RankFacts(0, 1, 1, 2, (1, 2), E)}
-    found = shards.owners(facts, {0: [(f"{FUSED}.w2_input_scale", 3, (1,))], 1: []}, True, {})
+    found = ranked.owners(facts, {0: [(f"{FUSED}.w2_input_scale", 3, (1,))], 1: []}, True, {})
     assert [f.describe() for f in found] == [
         "rank 0 (expert map) (expert 1): owner (on rank(s) 0, 1; the layout puts it on 1 rank(s))",
         "rank 0 (expert map) (expert 3): owner (on rank(s) none; the layout puts it on 1 rank(s))",
         f"rank 0 {FUSED}.w2_input_scale (expert 3) [1]: owner (its weight loader wrote expert 3, which rank 0 does "
         "not hold, into row 1 (expert 1))"]
-    assert shards.owners(facts, {0: [(f"{FUSED}.w2_input_scale", 3, (3,))]}, True,
+    assert ranked.owners(facts, {0: [(f"{FUSED}.w2_input_scale", 3, (3,))]}, True,
                          {0: {f"{FUSED}.w2_input_scale"}})[2:] == []  # indexed by global expert: every rank's
 
 

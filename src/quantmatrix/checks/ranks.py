@@ -1,5 +1,5 @@
 """The layer-level checks under a parallel layout. One rank's build (a LayerBuild) is judged by the one-rank checks
-as it always was; every rank's (measure.ranks.Ranked) is judged rank by rank by the same checks (checks.dispatch,
+as it always was; every rank's (measure.ranked.Ranked) is judged rank by rank by the same checks (checks.dispatch,
 checks.kernel) or, for the audit, as one report whose findings name their rank (an expert's hole shows on the
 rank that holds it). `shards_verdict` holds each rank to the checkpoint's reference split (measure.split). A layout
 that cannot split the checkpoint exactly must be refused by vLLM (or padded as its oracle documents): a refusal
@@ -7,8 +7,7 @@ then skips the other checks, and anything loaded silently wrong fails."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from quantmatrix import properties as P
 from quantmatrix.adapter.kernel import KernelFormat
@@ -16,8 +15,7 @@ from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.checks import audit, dispatch, kernel
 from quantmatrix.checks.verdict import FAIL, OK, Verdict
 from quantmatrix.measure.loaded import AuditReport
-from quantmatrix.measure.ranks import Ranked
-from quantmatrix.measure.split import FAILING
+from quantmatrix.measure.ranked import FAILING, Ranked
 from quantmatrix.schema.model import Case, MoeBackend
 
 SHOWN = 8  # slots named in a failure; the rest are counted
@@ -53,8 +51,9 @@ def _refused(case: Case, ranked: Ranked) -> Verdict | None:
     errors = {r: b.error for r, b in ranked.builds.items() if b.error}
     if not errors or not ranked.impossible or case.cell.checkpoint.expectation("resolves_to") == "rejected":
         return None
-    return Verdict.skip(f"vLLM refuses layout {ranked.name}, as it must ({ranked.impossible}): "
-                        f"{_by_rank(errors)}", [(P.LAYOUT_REFUSED, _by_rank(errors))])
+    refusal = _by_rank(errors, ranked.builds)
+    return Verdict.skip(f"vLLM refuses layout {ranked.name}, as it must ({ranked.impossible}): {refusal}",
+                        [(P.LAYOUT_REFUSED, refusal)])
 
 
 def _each(case: Case, ranked: Ranked, one: Callable[[LayerBuild, int], Verdict]) -> Verdict:
@@ -67,10 +66,10 @@ def _each(case: Case, ranked: Ranked, one: Callable[[LayerBuild, int], Verdict])
     props = _merged_properties(verdicts) + [(P.LAYOUT_NOTE, ranked.note)]
     failed = {r: v.problem for r, v in verdicts.items() if v.outcome == FAIL}
     if failed:
-        return Verdict.fail(case, _by_rank(failed), props)  # type: ignore[arg-type]
+        return Verdict.fail(case, _by_rank(failed, verdicts), props)
     if all(v.outcome == OK for v in verdicts.values()):
         return Verdict.ok(props)
-    return Verdict.skip(_by_rank({r: v.reason for r, v in verdicts.items() if v.reason}), props)
+    return Verdict.skip(_by_rank({r: v.reason for r, v in verdicts.items() if v.reason}, verdicts), props)
 
 
 def _merged_properties(verdicts: Mapping[int, Verdict]) -> list[tuple[str, object]]:
@@ -78,16 +77,18 @@ def _merged_properties(verdicts: Mapping[int, Verdict]) -> list[tuple[str, objec
     for rank, v in verdicts.items():
         for key, value in v.properties:
             values.setdefault(key, {})[rank] = value
-    return [(key, _by_rank(per)) for key, per in values.items()]
+    return [(key, _by_rank(per, verdicts)) for key, per in values.items()]
 
 
-def _by_rank(per: Mapping[int, object]) -> str:
-    """One value when every rank has it, else `ranks 0-1: a; rank 2: b` (ranks sharing a value grouped)."""
-    groups = [(value, [r for r, _ in members]) for value, members in
-              itertools.groupby(sorted(per.items(), key=lambda kv: (str(kv[1]), kv[0])), key=lambda kv: str(kv[1]))]
-    if len(groups) == 1:
-        return groups[0][0]
-    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {value}" for value, rs in groups)
+def _by_rank(per: Mapping[int, object], every: Iterable[int]) -> str:
+    """One value when every rank of the layout has it, else `ranks 0,2: a; rank 1: b` (in rank order)."""
+    groups: dict[str, list[int]] = {}
+    for rank, value in sorted(per.items()):
+        groups.setdefault(str(value), []).append(rank)
+    if len(groups) == 1 and set(next(iter(groups.values()))) == set(every):
+        return next(iter(groups))
+    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {value}"
+                     for value, rs in groups.items())
 
 
 def shards_verdict(case: Case, ranked: Ranked) -> Verdict:
@@ -100,9 +101,9 @@ def shards_verdict(case: Case, ranked: Ranked) -> Verdict:
         if ck.expectation("resolves_to") == "rejected":
             return Verdict.skip("vLLM refuses this config, as the matrix expects: there are no shards to compare")
         if ranked.impossible:
-            return Verdict.ok(props + [(P.LAYOUT_REFUSED, _by_rank(errors))])
+            return Verdict.ok(props + [(P.LAYOUT_REFUSED, _by_rank(errors, ranked.builds))])
         return Verdict.fail(case, f"vLLM refused layout {ranked.name}, which splits {ck.id} exactly: "
-                                  f"{_by_rank(errors)}", props)
+                                  f"{_by_rank(errors, ranked.builds)}", props)
     bad = [f for f in ranked.shards if f.kind in FAILING]
     notes = [f.describe() for f in ranked.shards if f.kind not in FAILING]
     props += [(P.EXPERT_PLACEMENT, ranked.placement()), (P.SHARDS_COMPARED, ranked.compared),

@@ -47,10 +47,10 @@ class Pool:
         return self._dir / "ranks.log"
 
     def run(self, job: Any) -> list[Any]:
-        """measure.ranks.RankResult of every rank for `job` (a measure.ranks.Job), or RankFailure."""
+        """measure.ranked.RankResult of every rank for `job` (a measure.ranked.Job), or RankFailure."""
         import time
 
-        from quantmatrix.measure import ranks
+        from quantmatrix.measure import ranked
 
         proc = self._start()
         start = time.perf_counter()
@@ -67,7 +67,7 @@ class Pool:
         self.jobs += 1
         self.ranks_built += len(reply["ranks"])
         self.seconds += time.perf_counter() - start
-        return [ranks.from_json(r) for r in reply["ranks"]]
+        return [ranked.from_json(r) for r in reply["ranks"]]
 
     def _start(self) -> subprocess.Popen[str]:
         if self._proc is None or self._proc.poll() is not None:
@@ -166,15 +166,15 @@ def _rank_main(conn: Any, tp: int, ep: bool, rank: int, init_file: str) -> None:
         import torch
 
         from quantmatrix.adapter import parallel
-        from quantmatrix.measure import ranks
+        from quantmatrix.measure import ranked, ranks
 
         torch.set_num_threads(1)
         parallel.init_rank(tp, ep, rank, init_file)
         conn.send(("ok", None))
         while (job := conn.recv()) is not None:
             try:
-                spec = ranks.Job(**{**job, "archs": tuple((a, tuple(c)) for a, c in job["archs"])})
-                conn.send(("ok", ranks.to_json(ranks.measure(spec, rank))))
+                spec = ranked.Job(**{**job, "archs": tuple((a, tuple(c)) for a, c in job["archs"])})
+                conn.send(("ok", ranked.to_json(ranks.measure(spec, rank))))
             except Exception:  # noqa: BLE001 - the job fails with its traceback; the rank serves on
                 conn.send(("error", traceback.format_exc(limit=8)))
     except EOFError:

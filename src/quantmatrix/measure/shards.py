@@ -1,21 +1,20 @@
-"""One rank's loaded MoE tensors against the reference split (measure.split), and the ranks together against
-expert ownership: which slots hold something other than their part of the checkpoint, which experts sit on no rank
-or on two, and which rank's weight loader took an expert it does not own. Measurements, never verdicts
-(checks.ranks judges them)."""
+"""One rank's loaded MoE tensors against the reference split (measure.split): which slots hold something other
+than their part of the checkpoint, and what they hold instead. Measurements, never verdicts (checks.ranks judges
+them; measure.ranked puts the ranks together)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from quantmatrix.adapter.parallel import RankFacts
 from quantmatrix.adapter.roles import FUSED_SHARDS, SHARDS, fused_parts
 from quantmatrix.checkpoints.producers import role_of
+from quantmatrix.measure.ranked import ShardFinding
 from quantmatrix.measure.split import (
     Checkpoint,
     Place,
-    ShardFinding,
     diagnose,
     place,
     same,
@@ -148,28 +147,3 @@ def _alternatives(ck: Checkpoint, module: str, expert: int, fused: str, leaf: st
                             flat)
                 label = f"{src}{slices(alt.source)}" + (f" (rank {r}'s part)" if len(split_ranks) > 1 else "")
                 yield label, (lambda s=src, p=alt: p.part(ck.tensor(s)))
-
-
-def owners(facts: Mapping[int, RankFacts], strays: Mapping[int, Sequence[tuple[str, int, tuple[int, ...]]]],
-           ep: bool, global_params: Mapping[int, set[str]]) -> list[ShardFinding]:
-    """Experts across the ranks: under expert parallelism each on exactly one rank, otherwise on every rank; and
-    no rank's weight loader writing an expert it does not hold (`strays`: rank -> (parameter, global expert, rows
-    written); `global_params`: rank -> parameters indexed by global expert, which every rank holds whole)."""
-    findings = []
-    total = next(iter(facts.values())).global_experts if facts else 0
-    for e in range(total):
-        on = sorted(r for r, f in facts.items() if e in f.experts)
-        want = 1 if ep else len(facts)
-        if len(on) != want:
-            findings.append(ShardFinding(on[0] if on else 0, "(expert map)", "owner", e, detail=(
-                f"on rank(s) {', '.join(map(str, on)) or 'none'}; the layout puts it on {want} rank(s)")))
-    for rank, writes in sorted(strays.items()):
-        for param, expert, rows in writes:
-            if param in global_params.get(rank, set()):
-                continue
-            held = ", ".join(f"row {r} (expert {facts[rank].experts[r]})" for r in rows
-                             if rank in facts and r < len(facts[rank].experts))
-            findings.append(ShardFinding(rank, param, "owner", expert, f"[{','.join(map(str, rows))}]" if rows else "",
-                                         detail=f"its weight loader wrote expert {expert}, which rank {rank} does not "
-                                                f"hold, into {held or 'no row (the same bytes were there)'}"))
-    return findings

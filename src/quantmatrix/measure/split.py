@@ -30,27 +30,6 @@ from quantmatrix.checkpoints.lint import read_headers
 from quantmatrix.checkpoints.producers import role_of
 
 _IN_AXIS_ONLY = frozenset({"g_idx"})  # roles indexed by input feature alone: whole on column-parallel ranks
-FAILING = ("wrong", "shape", "owner")  # what fails rank_shards; "unplaced" (no rule for the shapes) is a note
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardFinding:
-    """One rank's parameter slot that differs from the reference split (or that no rule places)."""
-
-    rank: int
-    param: str
-    kind: str  # wrong (other data) | shape (the slot cannot hold its part) | owner (expert placement) | unplaced
-    expert: int | None = None  # global expert id
-    slot: str = ""  # where in the rank's parameter row, e.g. [0:32, :]
-    source: str = ""  # what must be there: a checkpoint tensor and its slice
-    detail: str = ""
-
-    def describe(self) -> str:
-        expert = f" (expert {self.expert})" if self.expert is not None else ""
-        slot = f" {self.slot}" if self.slot else ""
-        must = f" must hold {self.source}" if self.source else ""
-        return f"rank {self.rank} {self.param}{expert}{slot}{must}: {self.kind}" + \
-            (f" ({self.detail})" if self.detail else "")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from quantmatrix.measure.dequant import LogitError
 from quantmatrix.measure.hf import HfGreedy
 from quantmatrix.measure.loaded import AuditReport
 from quantmatrix.measure.observed import Observation
-from quantmatrix.measure.ranks import Ranked
+from quantmatrix.measure.ranked import Ranked
 from quantmatrix.pytest_plugin import gates
 from quantmatrix.pytest_plugin.options import STRICT_CHECKPOINTS
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
@@ -168,17 +168,17 @@ def ranked(cell: Cell, checkpoint_dir: Path, vllm_importable: None, matrix: Matr
     """Every rank's measurement of the cell's checkpoint under the cell's layout (measure.ranks): one process per
     rank in a gloo world (measure.pool), or this process for a one-rank layout; once per (checkpoint, layout),
     every arch measured by the same ranks."""
-    from quantmatrix.measure import ranks, shards, split
+    from quantmatrix.measure import ranked, ranks, shards, split
 
     layout = cell.layout
-    job = ranks.Job(str(checkpoint_dir), layout.tp, layout.ep, tuple((a.name, a.capability) for a in matrix.archs),
+    job = ranked.Job(str(checkpoint_dir), layout.tp, layout.ep, tuple((a.name, a.capability) for a in matrix.archs),
                     {n: (tuple(sorted(b.reads)), b.single_input_scale) for n, b in matrix.moe_backends.items()})
     session = quantmatrix_session
     results = session.once(("ranks", checkpoint_dir, layout.name), lambda: (
         session.rank_pool().run(job) if layout.ranks > 1 else [ranks.measure(job, 0)]))
     impossible = session.once(("split", checkpoint_dir, layout.name), lambda: split.impossible(
         split.Checkpoint(checkpoint_dir), shards.moe_ranks(layout.tp, layout.ep)))
-    out = ranks.combine(results, layout.tp, layout.ep, cell.arch.name, impossible)
+    out = ranked.combine(results, layout.tp, layout.ep, cell.arch.name, impossible)
     hidden = sorted({p for b in out.builds.values() for p in b.simulated_without})
     if hidden:
         record_property(P.SIMULATED_WITHOUT, ",".join(hidden))

@@ -6,14 +6,11 @@ parallel, expert parallel). Every checkpoint is checked in the layout it is serv
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from quantmatrix.schema.yamldoc import Doc, Field, as_bool, int_at_least
-
-if TYPE_CHECKING:
-    from quantmatrix.schema.model import Cell, Selector
 
 SCOPES = ("serving", "every")  # the layouts a check runs under: the checkpoint's serving one, or every one
 
@@ -26,8 +23,8 @@ class Layout:
 
     tp: int = 1
     ep: bool = False
-    cells: tuple[Selector, ...] = dataclasses.field(default=(), compare=False)
-    except_cells: tuple[Selector, ...] = dataclasses.field(default=(), compare=False)
+    cells: tuple[Any, ...] = dataclasses.field(default=(), compare=False)  # schema.model.Selector
+    except_cells: tuple[Any, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def name(self) -> str:
@@ -43,7 +40,8 @@ class Layout:
             return "one rank"
         return f"{self.tp} ranks, {'whole experts per rank (expert parallel)' if self.ep else 'tensor parallel'}"
 
-    def selects(self, cell: Cell) -> bool:
+    def selects(self, cell: Any) -> bool:
+        """Whether the matrix checks `cell` (a schema.model.Cell) in this layout."""
         if self.cells and not any(s.matches(cell) for s in self.cells):
             return False
         return not any(s.matches(cell) for s in self.except_cells)
