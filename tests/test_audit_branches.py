@@ -399,4 +399,8 @@ def test_nonfinite_weights_are_found_only_where_loaded_and_packed_weights_are_no
     packed = torch.full((2, 3), 255, dtype=torch.uint8)
     assert _judge({"w13_weight": packed}).findings == ()
     bias = torch.tensor([float("nan"), 0.0, -1.0])
-    assert _judge({"bias": bias}, n=3).findings == ()  # neither a scale nor a weight
+    # a bias (or router weight) is read by every forward: a NaN in one is found (issue 31: it once passed), and a
+    # negative or zero value, which a bias may hold, is not
+    assert _judge({"bias": bias}, n=3).findings == (
+        Finding(EXPERTS + "bias", "other", "nonfinite", (0,), True, "1 NaN"),)
+    assert _judge({"bias": torch.tensor([0.0, -1.0, 2.0])}, n=3).findings == ()

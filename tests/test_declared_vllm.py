@@ -65,7 +65,6 @@ AGREE = [
     ("modelopt-groups-disagree", modelopt(groups={**NULL, "h": {"input_activations": ACTS}}), None, "w4a4"),
     ("modelopt-groups-empty", modelopt(groups={}), None, "w4a4"),
     ("modelopt-groups-missing", modelopt(), None, "w4a4"),
-    ("modelopt-groups-a-list", modelopt(groups=[NULL["g"]]), None, "w4a4"),
     ("modelopt-algo-lower-case", modelopt("nvfp4", groups=NULL), None, "weight_only"),
     ("modelopt-method-mixed-case", modelopt(groups=NULL) | {"quant_method": "ModelOpt"}, None, "weight_only"),
     ("modelopt-w4a16-quantized-groups", modelopt("W4A16_NVFP4", groups={"g": {"input_activations": ACTS}}), None,
@@ -146,11 +145,29 @@ def test_disagreement_a_legacy_file_without_producer_is_not_read_by_vllm(tmp_pat
 ], ids=["group-not-a-mapping", "groups-a-list"])
 def test_disagreement_compressed_tensors_groups_vllm_cannot_read(tmp_path, groups, error, scheme):
     """vLLM 0.32 crashes (no refusal, a traceback) on compressed-tensors config groups that are not mappings; the
-    classifier reads such a group as quantizing nothing."""
+    classifier reads such a group as quantizing nothing. The lint reads a group that is not a mapping the same way,
+    and refuses config_groups that are not a mapping at all (issue 31: it once read them as "unquantized", exit 0)."""
     d = _checkpoint(tmp_path, ct(groups), None)
     with pytest.raises(error):
         config.resolve(d)
-    assert _from_files(d).scheme == lint.declared(d)[0].scheme == scheme
+    assert _from_files(d).scheme == scheme
+    if isinstance(groups, list):
+        with pytest.raises(lint.LintError, match="config_groups is a list, not a mapping"):
+            lint.declared(d)
+    else:
+        assert lint.declared(d)[0].scheme == scheme
+
+
+def test_disagreement_modelopt_config_groups_that_are_a_list(tmp_path):
+    """vLLM reads ModelOpt config_groups that are a list as no promotion: W4A4, as the classifier (and so the guard)
+    does; the lint refuses the config instead of checking its tensors against a reading it cannot state."""
+    d = _checkpoint(tmp_path, modelopt(groups=[NULL["g"]]), None)
+    assert config.resolve(d).scheme == "w4a4"
+    assert _from_files(d).scheme == "w4a4"
+    assert declared.of_model(config.model_config(d)).scheme == "w4a4"
+    dispatch.config_shape(d)
+    with pytest.raises(lint.LintError, match="config_groups is a list, not a mapping"):
+        lint.declared(d)
 
 
 def test_disagreement_a_quantization_config_without_quant_method(tmp_path):

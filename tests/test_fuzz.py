@@ -345,3 +345,65 @@ def test_a_mutated_previous_summary_is_used_or_refused_naming_the_file(tmp_path_
             build([str(d / "j.xml")], path, night="n1", date=datetime.date(2026, 12, 2))
         except ReportError as e:
             assert str(path) in str(e), e
+
+
+# ---------------------------------------------------------------------------------- round 2 (issue 31)
+# The shared pieces every reader and printer goes through, each with its property: nothing untrusted prints raw,
+# no pattern hangs or escapes as another exception, no one-byte float is misjudged, no expert is miscounted.
+
+
+@fuzz(400)
+@given(text=st.text(alphabet=st.characters(), max_size=200))
+def test_shown_text_is_one_printable_line_any_terminal_and_file_can_take(text):
+    from quantmatrix.bounded import shown
+
+    out = shown(text)
+    assert out.isprintable() and "\n" not in out
+    out.encode("utf-8")  # no lone surrogate survives
+    if text.isprintable():
+        assert out == text  # nothing printable is changed
+
+
+@fuzz(400)
+@given(pattern=st.text(alphabet=st.sampled_from("ab.*+?|()[]{}^$\\0123456789,-=!<:"), max_size=40),
+       name=st.text(alphabet="ab.", max_size=2000))
+def test_a_regex_compiles_or_is_named_and_never_hangs(pattern, name):
+    from quantmatrix.bounded import InputError, regex
+
+    with bounded("regex"):
+        try:
+            compiled = regex(pattern)
+        except InputError as e:
+            assert "not a regular expression RE2 matches in linear time" in str(e)
+            return
+        compiled.search(name)
+        compiled.match(name)
+
+
+ONE_BYTE_FLOATS = [t for t in (getattr(__import__("torch"), n, None) for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")) if t is not None]
+
+
+@fuzz(200)
+@given(raw=st.binary(min_size=1, max_size=256), which=st.integers(0, len(ONE_BYTE_FLOATS) - 1))
+def test_a_one_byte_float_is_judged_finite_exactly_where_its_value_is(raw, which):
+    import torch
+
+    from quantmatrix.measure import findings
+
+    t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(ONE_BYTE_FLOATS[which])
+    truth = torch.isfinite(t.float())
+    assert torch.equal(findings.finite_mask(t), truth)
+    assert findings.all_finite(t) == bool(truth.all())
+
+
+@fuzz(300)
+@given(index=st.text(alphabet=st.sampled_from("0123456789\u0661\u00b2\u0966x"), min_size=1, max_size=4))
+def test_an_expert_counts_exactly_when_vllm_would_name_it_so(index):
+    from quantmatrix.checkpoints import experts
+
+    module = f"model.layers.0.mlp.experts.{index}.down_proj"
+    layers, found = experts._layers({module: {}})
+    vllm_name = index.isascii() and index.isdigit() and str(int(index)) == index
+    assert bool(layers) == vllm_name
+    assert bool(found) == (not vllm_name and index.isnumeric())

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import guard_variants
 import pytest
 from prefix_bug import revert_weight_only_promotion
 
@@ -195,12 +196,16 @@ def engine_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     default cache, as tests/test_engine.py's do."""
     clean = store.materialize(_checkpoint("qwen3moe-tiny-bf16"))
     nan = store.materialize(_checkpoint("qwen3moe-tiny-bf16-experts-nan"))
+    variants = tmp_path_factory.mktemp("guard_variants")
+    nan_norm = guard_variants.nan_norm(clean, variants / "nan_norm")
+    fp8 = guard_variants.fp8(clean, variants / "fp8")
     cell = Cell(_checkpoint("qwen3moe-tiny-bf16"), DEFAULT.arch("sm121"), DEFAULT.mode("default"))
     req = runner.build_request(DEFAULT.e2e, cell, clean, "cpu")
     env = {k: v for k, v in runner.child_env(DEFAULT.e2e, cell, "cpu", os.environ).items() if k != plugin.ENV}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     request = tmp_path_factory.mktemp("guard_engine") / "request.json"
-    request.write_text(json.dumps({"clean": str(clean), "nan": str(nan), "prompts": req["prompts"][:2],
+    request.write_text(json.dumps({"clean": str(clean), "nan": str(nan), "nan_norm": str(nan_norm), "fp8": str(fp8),
+                                   "prompts": req["prompts"][:2],
                                    "engine_args": {**req["engine_args"], "distributed_executor_backend": "uni"},
                                    "max_tokens": 8}))
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "guard_engine.py"), str(request)], env=env,
@@ -220,7 +225,7 @@ def test_on_vllm_cpu_the_nan_canary_is_refused_naming_an_expert_tensor_and_nan(e
     assert error.startswith("GuardRefusal: quantmatrix guard refuses to serve "), error
     assert "model.layers.0.mlp.experts.routed_experts.w13_weight [experts 0-3]: nonfinite (32768 NaN)" in error
     assert "what to do: the checkpoint itself is broken" in error
-    assert "quantmatrix guard ran (refuse): checked 10 tensors in 8 layers (2 MoE)" in _log_of(log, "nan canary")
+    assert "quantmatrix guard ran (refuse): checked 30 tensors in 8 layers (2 MoE)" in _log_of(log, "nan canary")
 
 
 def test_on_vllm_cpu_the_clean_checkpoint_serves_exactly_as_without_the_guard(engine_runs):
@@ -229,9 +234,32 @@ def test_on_vllm_cpu_the_clean_checkpoint_serves_exactly_as_without_the_guard(en
     assert result["guarded"]["tokens"] == result["plain"]["tokens"]
     assert all(len(t) == 8 for t in result["guarded"]["tokens"])
     guarded, plain = _log_of(log, "clean, guarded"), _log_of(log, "clean, no guard")
-    assert "quantmatrix guard ran (refuse): checked 10 tensors in 8 layers (2 MoE)" in guarded
+    assert "quantmatrix guard ran (refuse): checked 30 tensors in 8 layers (2 MoE)" in guarded
     assert "; 0 problem(s)" in guarded
     assert "quantmatrix guard" not in plain
+
+
+def test_on_vllm_cpu_a_nan_final_norm_is_refused(engine_runs):
+    """Issue 31: model.norm.weight NaN once passed with "0 problem(s)" and served NaN logprobs; every parameter and
+    buffer outside the MoE and linear layers (20 of the 30 tensors here) is judged too."""
+    result, log = engine_runs
+    assert not result["nan_norm"]["started"]
+    error = result["nan_norm"]["error"]
+    assert error.startswith("GuardRefusal: quantmatrix guard refuses to serve "), error
+    assert "(other parameters and buffers): non-finite values: model.norm.weight: nonfinite (64 NaN)" in error
+    assert "checked 30 tensors in 8 layers (2 MoE)" in _log_of(log, "nan norm")
+
+
+def test_on_vllm_cpu_the_guard_judges_an_fp8_checkpoint_and_passes_it(engine_runs):
+    """torch.isfinite is not implemented for float8_e4m3fn: the guard once said NOT RUNNING (refusing every
+    healthy FP8 checkpoint). It now judges the FP8 weights (chunked upcast) and finds nothing; vllm-cpu 0.32 itself
+    then cannot post-process FP8 (its static_scaled_fp8_quant op has no CPU kernel), after the guard has run."""
+    result, log = engine_runs
+    fp8 = _log_of(log, "fp8, guarded")
+    assert "Fp8LinearMethod" in fp8 and "NOT RUNNING" not in fp8
+    assert "quantmatrix guard ran (refuse): checked 48 tensors in 8 layers (2 MoE)" in fp8 and "; 0 problem(s)" in fp8
+    assert not result["fp8"]["started"] and "GuardRefusal" not in result["fp8"]["error"]
+    assert "static_scaled_fp8_quant" in result["fp8"]["error"], result["fp8"]["error"]
 
 
 def test_gpu_tier_e2e_cells_run_the_guard_inside_the_real_engine():

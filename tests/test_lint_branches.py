@@ -76,7 +76,6 @@ def _findings(d: Path) -> list[str]:
     ({**CT, "config_groups": {}}, "unquantized", "config.json format nvfp4-pack-quantized, config_groups empty"),
     ({k: v for k, v in CT.items() if k != "config_groups"}, "unquantized",
      "config.json format nvfp4-pack-quantized, config_groups missing"),
-    ({**CT, "config_groups": []}, "unquantized", "config.json format nvfp4-pack-quantized, config_groups is a list"),
     # what vLLM normalises: the method's case and spelling, the algo's case
     ({**WEIGHT_ONLY, "quant_method": "ModelOpt", "quant_algo": "nvfp4"}, "weight_only",
      "config.json quant_algo NVFP4, g input_activations null"),
@@ -91,6 +90,17 @@ def _findings(d: Path) -> list[str]:
 def test_declared_scheme_as_vllm_reads_it(tmp_path, qc, scheme, why):
     d, findings = lint.declared(_write(tmp_path, qc, {}))
     assert (d.scheme, d.why, findings) == (scheme, why, [])
+
+
+@pytest.mark.parametrize("groups", [[], "g", ["g"], 3])
+@pytest.mark.parametrize("qc", [CT, NVFP4], ids=["compressed-tensors", "modelopt"])
+def test_config_groups_of_the_wrong_type_are_refused(tmp_path, qc, groups):
+    """compressed-tensors calls `.items()` on them (vLLM crashes on a list); ModelOpt silently reads W4A4. Either way
+    the config does not say what it means: a LintError naming the key, never a silent reading (once `[]` read as
+    "unquantized")."""
+    with pytest.raises(LintError, match=r"config.json: quantization_config.config_groups is a (list|str|int), not a "
+                                        "mapping"):
+        lint.declared(_write(tmp_path, {**qc, "config_groups": groups}, {}))
 
 
 def test_declared_without_quantization_and_from_the_legacy_file(tmp_path):
@@ -127,12 +137,11 @@ def test_groups_that_disagree_are_a_config_finding(tmp_path):
         assert lint.declared(_write(tmp_path / "c", {**CT, "config_groups": groups}, {}))[1] == []
 
 
-def test_config_groups_that_are_not_a_mapping_declare_no_group(tmp_path):
-    """No group to read (vLLM 0.32 itself crashes on a list here: tests/test_declared_vllm.py): nothing is declared
-    quantized, so every NVFP4 tensor is a finding."""
-    d, findings = lint.declared(_write(tmp_path, {**CT, "config_groups": [1]}, {}))
-    assert (d.scheme, d.why, findings) == ("unquantized", "config.json format nvfp4-pack-quantized, config_groups "
-                                                          "is a list", [])
+def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
+    """vLLM 0.32 itself crashes on a list here (tests/test_declared_vllm.py); the lint once read it as "no group,
+    unquantized" and passed (issue 31): now the config is refused, naming the key."""
+    with pytest.raises(LintError, match=r"config_groups is a list, not a mapping"):
+        lint.declared(_write(tmp_path, {**CT, "config_groups": [1]}, {}))
 
 
 @pytest.mark.parametrize(("qc", "legacy", "error"), [
@@ -148,10 +157,11 @@ def test_config_groups_that_are_not_a_mapping_declare_no_group(tmp_path):
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
     ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),
-    ({**NVFP4, "ignore": ["re:("]}, None, "config.json: ignore pattern '(' is not a regular expression (missing ), "
-                                          "unterminated subpattern at position 0)"),
-    ({**CT, "ignore": ["re:(a+)+"]}, None, "config.json: ignore pattern '(a+)+' nests a repeat inside a repeat, "
-                                           "which can backtrack for hours; write it without the nesting"),
+    ({**NVFP4, "ignore": ["re:("]}, None, "config.json: ignore pattern '(' is not a regular expression RE2 matches "
+                                          "in linear time (missing ): ()"),
+    # a backreference has no linear-time match: refused by name (`(a+)+` no longer is: RE2 matches it linearly)
+    ({**CT, "ignore": ["re:(a)\\1"]}, None, "config.json: ignore pattern '(a)\\\\1' is not a regular expression "
+                                            "RE2 matches in linear time (invalid escape sequence: \\1)"),
     (None, {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [2]}},
      "hf_quant_config.json: the ignore list must be a list of strings, got [2]"),
     (None, {}, "hf_quant_config.json: quant_algo None is not NVFP4; this lint knows NVFP4 only"),

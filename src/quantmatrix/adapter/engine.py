@@ -176,3 +176,46 @@ def timed_model_loads(sink: list[float]) -> None:
             sink.append(time.perf_counter() - start)
 
     cls.load_model = timed
+
+
+# Every loader vLLM offers (its load-format registry lives in this package, which imports them all); some import
+# initialize_model / process_weights_after_loading by name into their own module (tensorizer, ipc_cache), so a seam
+# patched only in base_loader is never passed under them.
+_LOADER_PACKAGE = "vllm.model_executor.model_loader"
+
+
+def seam_copies(build: Any, post_load: Any) -> list[Any]:
+    """Every imported module of vLLM's model_loader package holding `build` or `post_load` (the originals) under
+    their own names: where the guard must patch them so that every load format passes its seams."""
+    import importlib
+    import sys
+
+    importlib.import_module(_LOADER_PACKAGE)  # the registry: every loader module imported
+    return [m for name, m in list(sys.modules.items()) if m is not None and name.startswith(_LOADER_PACKAGE)
+            and (getattr(m, _BUILD, None) is build or getattr(m, _POST_LOAD, None) is post_load)]
+
+
+def wrap_loaders(wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> int:
+    """Replace the load_model of every loader class (loader_classes) by wrap(its load_model, class name): what
+    every load format vLLM offers runs to load a model. Returns how many were wrapped."""
+    classes = loader_classes()
+    for cls in classes:
+        cls.load_model = wrap(cls.load_model, cls.__name__)
+    return len(classes)
+
+
+def loader_classes() -> list[type]:
+    """BaseModelLoader and every subclass of it that defines its own load_model (each load format's entry)."""
+    import importlib
+
+    importlib.import_module(_LOADER_PACKAGE)
+    base = getattr(importlib.import_module(_LOADER_MODULE), "BaseModelLoader", None)
+    if base is None:
+        raise AdapterMismatch(f"{_LOADER_MODULE}.BaseModelLoader is gone: update quantmatrix/adapter/engine.py")
+    out, todo = [], [base]
+    while todo:
+        cls = todo.pop()
+        if "load_model" in vars(cls):
+            out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out

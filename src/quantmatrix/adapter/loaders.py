@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix.adapter import engine
 from quantmatrix.errors import AdapterMismatch
 
@@ -128,6 +129,9 @@ def model_files(model_config: Any, prefix: str) -> list[str]:
         return []
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        return sorted({str(root / f) for n, f in weight_map.items() if n.startswith(prefix)})
+        try:
+            weight_map = json.loads(bounded.read_bytes(index, "index")).get("weight_map", {})
+            return sorted({str(root / f) for n, f in weight_map.items() if n.startswith(prefix)})
+        except (bounded.InputError, ValueError, RecursionError, AttributeError, TypeError) as e:
+            return [f"({index} unreadable: {bounded.shown(e, 200)})"]
     return sorted(str(p) for p in root.glob("*.safetensors"))

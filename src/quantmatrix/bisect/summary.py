@@ -9,6 +9,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.bisect.check import node_id
 from quantmatrix.errors import BisectError, ReportError
@@ -47,8 +48,7 @@ def range_from_report(summary: Path, case_id: str) -> ReportRange:
     if case is None:
         raise BisectError(f"{summary}: no case {key!r} (case ids are listed by `quantmatrix list` and in the "
                           "report's cases)")
-    diff = json.loads(  # the diff is not part of what load_previous keeps
-        summary.read_text(encoding="utf-8")).get("diff")
+    diff = json.loads(bounded.read_bytes(summary, "summary")).get("diff")  # not part of what load_previous keeps
     rng = diff.get("bisect", {}).get(key) if isinstance(diff, dict) else None
     if not isinstance(rng, dict) or not rng.get("last_passed_vllm"):
         raise BisectError(f"{summary}: {key} has no bisect range (it is {case['outcome']!r}, not a new failure "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import math
 import re
 import struct
@@ -19,16 +20,26 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, Declaration, declare
-from quantmatrix.checkpoints import producers
-from quantmatrix.checkpoints.untrusted import DTYPE_BYTES, LintError, json_object, read_header, safe_regex
+from quantmatrix.bounded import shown
+from quantmatrix.checkpoints import experts, producers
+from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
+from quantmatrix.checkpoints.untrusted import (
+    INDEX,
+    LintError,
+    ignore_list,
+    json_object,
+    read_header,
+    read_index,
+    safe_regex,
+)
 
-__all__ = ["SCHEME", "LintError", "LintReport", "declared", "lint"]
-MAX_EXPERTS = 65536  # a config claiming more is refused, not expanded into a finding per expert
-EXPERT_FINDINGS = 16  # missing experts of one projection listed one by one; beyond that, summarised
+__all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "LintError", "LintReport", "declared", "lint"]
 SCHEME = "nvfp4"  # the scheme module whose tensors this lint knows: each producer's names for it (producers.leaves)
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
-_EXPERT = re.compile(r"\.layers\.(\d+)\..*\.experts\.(\d+)\.")
+_EXPERT = re.compile(r"\.layers\.([0-9]+)\..*\.experts\.(0|[1-9][0-9]*)\.")
+_WIDTH = {"F32": 4, "F8_E4M3": 1}  # bytes per element of the dtypes whose values the lint reads
+MAX_MATCHES = 5_000_000  # modules x ignore entries the lint matches before it refuses the work
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +104,9 @@ class LintReport:
 
     def render(self) -> str:
         d = self.declared
-        lines = [f"quantmatrix lint {self.path}",
-                 f"declared: {d.producer} {d.scheme} ({d.why}); ignore: {', '.join(d.ignore) or '-'}",
+        lines = [f"quantmatrix lint {shown(self.path)}",
+                 f"declared: {d.producer} {d.scheme} ({shown(d.why)}); "
+                 f"ignore: {shown(', '.join(d.ignore), 2000) or '-'}",
                  f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} NVFP4 "
                  "modules (headers and per-tensor scales only)"]
         if not self.findings:
@@ -104,17 +116,22 @@ class LintReport:
             counts[f.code] = counts.get(f.code, 0) + 1
         summary = ", ".join(f"{c} {n}" for c, n in sorted(counts.items()))
         return "\n".join([*lines, f"FAIL: {len(self.findings)} finding(s) ({summary})",
-                          *(f"  {f}" for f in self.findings)])
+                          *(f"  {shown(f)}" for f in self.findings)])
 
 
 # ------------------------------------------------------------------------------------------ reading
 
 
 def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
-    """Every tensor of every top-level *.safetensors file, from the headers alone."""
+    """Every tensor vLLM would load, from the headers alone: with a shard index, the shards it names (a shard it
+    names that is missing, a tensor it maps to a shard that lacks it, and a file it leaves out, whose tensors vLLM
+    never loads, are findings); without one, every top-level *.safetensors file."""
     files = sorted(path.glob("*.safetensors"))
-    tensors: dict[str, Tensor] = {}
+    weight_map = read_index(path)
     findings = []
+    if weight_map is not None:
+        files, findings = _indexed(path, files, weight_map)
+    tensors: dict[str, Tensor] = {}
     for file in files:
         for name, dtype, shape, offset in read_header(file, path):
             t = Tensor(name, dtype, shape, file, offset)
@@ -122,13 +139,33 @@ def read_headers(path: Path) -> tuple[dict[str, Tensor], list[Finding], int]:
                 findings.append(Finding("inconsistent", name.rpartition(".")[0], name.rpartition(".")[2],
                                         f"stored twice ({tensors[name].file.name} and {file.name})"))
             tensors[name] = t
+    for name, shard in (weight_map or {}).items():
+        if name not in tensors and (path / shard).is_file():
+            findings.append(Finding("missing_tensor", name.rpartition(".")[0], name.rpartition(".")[2],
+                                    f"{INDEX} maps it to {shard}, which does not hold it"))
     return tensors, findings, len(files)
+
+
+def _indexed(path: Path, files: list[Path], weight_map: dict[str, str]) -> tuple[list[Path], list[Finding]]:
+    """The shards the index names (as vLLM filters them), and a finding per missing or unlisted shard."""
+    named = {path / shard for shard in weight_map.values()}
+    findings = []
+    for shard in sorted(named):
+        if not shard.exists():
+            n = sum(path / s == shard for s in weight_map.values())
+            findings.append(Finding("missing_tensor", INDEX, "", f"names shard {shard.name} for {n} tensor(s), and "
+                                    "the directory has no such file (vLLM refuses to load)"))
+    for file in files:
+        if file not in named:
+            findings.append(Finding("unexpected_tensor", INDEX, "", f"leaves out {file.name}: vLLM loads only the "
+                                    "shards the index names, so its tensors are never loaded"))
+    return [f for f in files if f in named] + sorted(f for f in named if f.exists() and f not in files), findings
 
 
 def _read(t: Tensor, count: int) -> bytes:
     with t.file.open("rb") as fh:
         fh.seek(t.offset)
-        return fh.read(count * DTYPE_BYTES[t.dtype])
+        return fh.read(count * _WIDTH[t.dtype])
 
 
 def scalar(t: Tensor) -> float:
@@ -139,16 +176,9 @@ def scalar(t: Tensor) -> float:
 # -------------------------------------------------------------------------------------- declaration
 
 
-def _ignore_list(value: Any, where: Path) -> tuple[str, ...]:
-    """The config's ignore list: strings only, and every `re:` pattern one that cannot backtrack for hours."""
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-        raise LintError(f"{where}: the ignore list must be a list of strings, got {str(value)[:80]}")
-    for p in value:
-        if p.startswith("re:"):
-            safe_regex(p[3:], str(where))
-    return tuple(value)
+def _ignore(value: Any, where: Path) -> tuple[str, ...]:
+    """The config's ignore list: strings only, bounded, and every `re:` pattern one RE2 compiles."""
+    return ignore_list(value, where)[0]
 
 
 def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
@@ -159,11 +189,13 @@ def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
     if not isinstance(inner, dict):
         raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
     d = declare(qc, legacy=True)
+    if d.groups_shape.startswith("a "):
+        raise LintError(f"{legacy}: config_groups is {d.groups_shape}, not a mapping of group name -> group")
     if d.scheme is None:
         raise LintError(f"{legacy}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
     shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
     return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
-                    _ignore_list(inner.get("exclude_modules"), legacy)), _disagreement(d)
+                    _ignore(inner.get("exclude_modules"), legacy)), _disagreement(d)
 
 
 def _disagreement(d: Declaration) -> list[Finding]:
@@ -191,17 +223,20 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
         return Declared("none", "unquantized", "config.json has no quantization_config", ()), []
     d = declare(qc)
     where = path / "config.json"
+    if d.groups_shape.startswith("a "):
+        raise LintError(f"{where}: quantization_config.config_groups is {d.groups_shape}, not a mapping of group "
+                        "name -> group")
     if d.producer == "modelopt":
         if d.scheme is None:
             raise LintError(f"{where}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
         return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
-                        _ignore_list(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
+                        _ignore(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
     if d.producer == "compressed-tensors":
         if d.scheme is None:
             raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
                             f"{CT_NVFP4_FORMAT}")
         return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
-                        _ignore_list(qc.get("ignore"), where)), _disagreement(d)
+                        _ignore(qc.get("ignore"), where)), _disagreement(d)
     raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors")
 
 
@@ -209,11 +244,16 @@ def ignored(module: str, patterns: Iterable[str]) -> bool:
     """ModelOpt globs, compressed-tensors `re:` regexes, or plain names (also matching as a prefix)."""
     for p in patterns:
         if p.startswith("re:"):
-            if re.match(p[3:], module):
+            if _compiled(p[3:]).match(module):
                 return True
         elif fnmatch.fnmatchcase(module, p) or module == p or module.startswith(p + "."):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> Any:
+    return safe_regex(pattern, "ignore list")
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -284,33 +324,6 @@ def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_sca
     return out
 
 
-def _check_experts(modules: dict[str, dict[str, Tensor]], config: dict[str, Any], path: Path) -> list[Finding]:
-    """Every expert of every MoE layer has the same projections as its siblings, and as many experts as
-    config.json says."""
-    n = config.get("num_experts") or config.get("num_local_experts") or 0
-    if type(n) is not int or not 0 <= n <= MAX_EXPERTS:
-        raise LintError(f"{path}/config.json: num_experts {str(n)[:40]} is not an integer from 0 to {MAX_EXPERTS}")
-    layers: dict[str, dict[int, set[str]]] = {}
-    for module in modules:
-        head, sep, tail = module.rpartition(".experts.")
-        idx, _, proj = tail.partition(".")
-        if sep and idx.isdigit() and proj:
-            layers.setdefault(head, {}).setdefault(int(idx), set()).add(proj)
-    out = []
-    for head, experts in layers.items():
-        projs = set().union(*experts.values())
-        for proj in sorted(projs):
-            missing = [e for e in range(n) if proj not in experts.get(e, ())]
-            for e in missing[:EXPERT_FINDINGS]:
-                out.append(Finding("missing_tensor", f"{head}.experts.{e}.{proj}", "", f"no tensors at all; "
-                                   f"config.json says {n} experts and siblings have {proj}"))
-            if len(missing) > EXPERT_FINDINGS:
-                more = len(missing) - EXPERT_FINDINGS
-                out.append(Finding("missing_tensor", f"{head}.experts.*.{proj}", "", f"and {more} more experts "
-                                   f"(up to {missing[-1]}) have no {proj} either"))
-    return out
-
-
 def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Finding]:
     """An expert's gate and up projections share one input and one global scale (vLLM keeps one per w13)."""
     pairs = (("gate_proj", "up_proj"), ("w1", "w3"))
@@ -343,6 +356,9 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     for t in tensors.values():
         module, _, leaf = t.name.rpartition(".")
         modules.setdefault(module, {})[leaf] = t
+    if len(modules) * len(d.ignore) > MAX_MATCHES:
+        raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
+                        f"{MAX_MATCHES} matches this lint makes")
     nvfp4 = 0
     quantized = producers.quantized_leaves(SCHEME)
     for module, leaves in modules.items():
@@ -364,7 +380,7 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
             if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS):
                 findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
                                         "scales, but the config quantizes every Linear it does not ignore"))
-    findings += _check_experts(modules, config, path)
+    findings += [Finding(*f) for f in experts.check(modules, config, path / "config.json")]
     if d.scheme != "unquantized":
         findings += _check_fused(modules, d)
     return LintReport(path, d, len(tensors), nfiles, nvfp4, findings)

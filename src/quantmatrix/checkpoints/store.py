@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantmatrix import bounded
 from quantmatrix.checkpoints.configs import plain_files
 from quantmatrix.errors import CheckpointUnavailable, MatrixError
 from quantmatrix.schema.factory import UNQUANTIZED
@@ -186,8 +187,8 @@ def missing_shards(snap: Path) -> list[str]:
     index = snap / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shards = sorted(set(json.loads(bounded.read_bytes(index, "index"))["weight_map"].values()))
+        except (bounded.InputError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return [index.name + " (unreadable)"]
         return [s for s in shards if not (snap / s).is_file()]
     return [] if any(snap.glob("*.safetensors")) else ["model.safetensors"]

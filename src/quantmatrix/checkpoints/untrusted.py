@@ -5,25 +5,21 @@ a hang or memory out of proportion to the file."""
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
-try:  # the regex parser: public-ish in every CPython we run on, private name since 3.11
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_parse  # type: ignore[no-redef]
+import safetensors
 
+from quantmatrix import bounded
 from quantmatrix.errors import QuantmatrixError
 
-# safetensors' own limit on the header (its MAX_HEADER_SIZE), and the dtypes it knows, with their sizes
+# safetensors' own limit on the header (its MAX_HEADER_SIZE)
 MAX_HEADER = 100_000_000
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "U8": 1, "I8": 1,
-               "I16": 2, "I32": 4, "I64": 8, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1, "F4": 1}
+MAX_IGNORE = 10_000  # ignore-list entries: a real config has tens; each one is matched against every module
 
 
 class LintError(QuantmatrixError):
@@ -33,10 +29,13 @@ class LintError(QuantmatrixError):
 def regular_file(file: Path, root: Path) -> None:
     """A plain file inside `root`: a directory or FIFO named *.safetensors, or a link out of the checkpoint
     directory, is refused before it is opened."""
-    real = file.resolve()
+    try:
+        real = file.resolve(strict=True)
+        mode = os.stat(real).st_mode
+    except (OSError, RuntimeError) as e:  # a dangling link, a link loop (RuntimeError before Python 3.13)
+        raise LintError(f"{file}: cannot be opened ({bounded.shown(e, 200)})") from None
     if root.resolve() not in real.parents:
         raise LintError(f"{file}: links outside the checkpoint directory ({real})")
-    mode = os.stat(real).st_mode
     if not stat.S_ISREG(mode):
         raise LintError(f"{file}: not a regular file")
 
@@ -46,8 +45,9 @@ def _entry(file: Path, name: str, meta: Any, data_len: int) -> tuple[str, tuple[
     if not isinstance(meta, dict):
         raise LintError(f"{where}: header entry is {type(meta).__name__}, not an object")
     dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if dtype not in DTYPE_BYTES:
-        raise LintError(f"{where}: dtype {str(dtype)[:40]!r} is not a safetensors dtype")
+    if not isinstance(dtype, str) or not known_dtype(dtype):
+        raise LintError(f"{where}: dtype {str(dtype)[:40]!r} is not a safetensors dtype (safetensors "
+                        f"{safetensors.__version__} does not know it)")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise LintError(f"{where}: shape must be a list of non-negative integers, got {str(shape)[:60]}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
@@ -55,10 +55,30 @@ def _entry(file: Path, name: str, meta: Any, data_len: int) -> tuple[str, tuple[
     begin, end = offsets
     if not 0 <= begin <= end <= data_len:
         raise LintError(f"{where}: data_offsets {offsets} lie outside the {data_len} data bytes")
-    nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
-    if dtype != "F4" and end - begin != nbytes:
-        raise LintError(f"{where}: {dtype}{shape} needs {nbytes} bytes, data_offsets give {end - begin}")
     return dtype, tuple(shape), begin, end
+
+
+@functools.lru_cache(maxsize=256)
+def known_dtype(dtype: str) -> bool:
+    """Whether the installed safetensors reads `dtype`: asked of the library itself (an empty tensor of it
+    deserialized), so a dtype it learns (C64, F6_E2M3) is accepted without a list here to keep up."""
+    header = json.dumps({"t": {"dtype": dtype, "shape": [0], "data_offsets": [0, 0]}}).encode()
+    try:
+        safetensors.deserialize(len(header).to_bytes(8, "little") + header)
+    except Exception:  # noqa: BLE001 - SafetensorError, or whatever a future release raises: not readable
+        return False
+    return True
+
+
+def _library_check(file: Path) -> None:
+    """The header as safetensors itself opens it (sizes per dtype, alignment, every rule of its release): a file
+    the library refuses is one vLLM cannot load, whatever this module's own checks passed."""
+    try:
+        with safetensors.safe_open(str(file), "numpy"):
+            pass
+    except Exception as e:  # noqa: BLE001 - the library's refusal, whatever its type
+        raise LintError(f"{file}: safetensors {safetensors.__version__} refuses the file: "
+                        f"{bounded.shown(e, 300)}") from None
 
 
 def read_header(file: Path, root: Path) -> list[tuple[str, str, tuple[int, ...], int]]:
@@ -91,50 +111,67 @@ def read_header(file: Path, root: Path) -> list[tuple[str, str, tuple[int, ...],
         expect = end
     if expect != data_len:
         raise LintError(f"{file}: the tensors cover {expect} of {data_len} data bytes (truncated or padded)")
+    _library_check(file)
     return [(name, dtype, shape, 8 + n + begin) for name, dtype, shape, begin, _ in entries]
 
 
 def json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON file that must hold an object."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise LintError(f"{path}: cannot read {what} ({str(e)[:200]})") from None
+        data = json.loads(bounded.read_text(path, "config"))
+    except (bounded.InputError, ValueError, RecursionError) as e:
+        raise LintError(f"{path}: cannot read {what} ({bounded.shown(e, 300)})") from None
     if not isinstance(data, dict):
         raise LintError(f"{path}: {what} is {type(data).__name__}, not an object")
     return data
 
 
-def _nested_repeat(items: Any, inside: bool) -> bool:
-    for op, av in items:
-        if op in (sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT):
-            lo, hi, sub = av
-            unbounded = hi == sre_parse.MAXREPEAT or hi > 1
-            if unbounded and inside:
-                return True
-            if _nested_repeat(sub, inside or unbounded):
-                return True
-        elif op == sre_parse.SUBPATTERN:
-            if _nested_repeat(av[-1], inside):
-                return True
-        elif op == sre_parse.BRANCH:
-            if any(_nested_repeat(b, inside) for b in av[1]):
-                return True
-        elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-            if _nested_repeat(av[1], inside):
-                return True
-    return False
-
-
-def safe_regex(pattern: str, where: str) -> re.Pattern[str]:
-    """A config's `re:` pattern, compiled; one with a repeat inside a repeat (`(a+)+`), which Python's engine
-    can take exponential time on, is refused."""
+def safe_regex(pattern: str, where: str) -> Any:
+    """A config's `re:` pattern, compiled by RE2 (bounded.regex): matching is linear in the name whatever the
+    pattern, so `(a+)+$` or `(.|.)*Z` cannot backtrack for hours; one RE2 cannot compile is a LintError."""
     try:
-        parsed = sre_parse.parse(pattern)
-        compiled = re.compile(pattern)
-    except (re.error, RecursionError, OverflowError) as e:
-        raise LintError(f"{where}: ignore pattern {pattern[:80]!r} is not a regular expression ({e})") from None
-    if _nested_repeat(parsed, False):
-        raise LintError(f"{where}: ignore pattern {pattern[:80]!r} nests a repeat inside a repeat, which can "
-                        "backtrack for hours; write it without the nesting")
-    return compiled
+        return bounded.regex(pattern)
+    except bounded.InputError as e:
+        raise LintError(f"{where}: ignore pattern {pattern[:80]!r} is {e.why}") from None
+
+
+def ignore_list(value: Any, where: Path) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The config's ignore list (strings only, at most MAX_IGNORE) and its `re:` patterns compiled, in order."""
+    if value is None:
+        return (), ()
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise LintError(f"{where}: the ignore list must be a list of strings, got {str(value)[:80]}")
+    if len(value) > MAX_IGNORE:
+        raise LintError(f"{where}: the ignore list has {len(value)} entries, over the {MAX_IGNORE} this lint "
+                        "matches against every module")
+    return tuple(value), tuple(safe_regex(p[3:], str(where)) for p in value if p.startswith("re:"))
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def read_index(path: Path) -> dict[str, str] | None:
+    """The shard index's weight_map (tensor name -> shard file), None when the checkpoint has no index. vLLM loads
+    exactly the shards it names; one that is not JSON, not a mapping of names to files, or names a file outside
+    the directory is a LintError."""
+    file = path / INDEX
+    if not file.exists() and not file.is_symlink():
+        return None
+    regular_file(file, path)
+    where = f"{file}"
+    try:
+        data = json.loads(bounded.read_bytes(file, "index"))
+    except (bounded.InputError, ValueError, RecursionError) as e:
+        raise LintError(f"{where}: cannot read the shard index ({bounded.shown(e, 300)})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise LintError(f"{where}: weight_map is {type(weight_map).__name__}, not an object of tensor name -> shard")
+    root = path.resolve()
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise LintError(f"{where}: weight_map[{str(name)[:80]!r}] is {type(shard).__name__}, not a "
+                            "file name")
+        if "\x00" in shard or root not in (root / shard).resolve().parents:
+            raise LintError(f"{where}: weight_map[{str(name)[:80]!r}] names {shard[:80]!r}, "
+                            "outside the checkpoint directory")
+    return weight_map

@@ -8,10 +8,10 @@ where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.declared import Declaration, declare
@@ -44,11 +44,11 @@ def _groups_part(d: Declaration) -> str:
 def config_shape(checkpoint_dir: Path) -> str:
     """A one-line description of the config's shape, so a reader knows which resolution rule decided (the config
     groups as adapter.declared reads them for the lint and the guard)."""
-    cfg = json.loads((checkpoint_dir / "config.json").read_text())
+    cfg = json.loads(bounded.read_bytes(checkpoint_dir / "config.json", "config"))
     qc = cfg.get("quantization_config")
     legacy = checkpoint_dir / "hf_quant_config.json"
     if qc is None and legacy.is_file():
-        whole = json.loads(legacy.read_text())
+        whole = json.loads(bounded.read_bytes(legacy, "config"))
         d = declare(whole, legacy=True)
         groups = "no config_groups" if d.groups_shape == "missing" else _groups_part(d)
         return f"hf_quant_config.json (legacy); quant_algo={whole.get('quantization', {}).get('quant_algo')}; {groups}"
@@ -82,7 +82,7 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
         return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
     if expected == "rejected":
         because = checkpoint.expectation("rejected_because")
-        if re.search(because, got.detail) is None:
+        if bounded.regex(because).search(got.detail) is None:
             return (f"vLLM rejected the config, but not for the reason the matrix expects: {got.detail!r} does not "
                     f"match {because!r} [config shape: {shape}]")
         return None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.checks import quality
 from quantmatrix.checks.verdict import Verdict
@@ -24,12 +25,25 @@ def stated(checkpoint: Checkpoint, key: str) -> bool:
     return key in checkpoint.expect or key in checkpoint.scheme.expect
 
 
+def _task(line: str) -> dict[str, Any]:
+    """One task line; anything but a JSON object reads as {} (a bad line, named with the others)."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return {}
+    return row if isinstance(row, dict) else {}
+
+
 def tasks(checkpoint: Checkpoint) -> list[dict[str, str]]:
     """The {prompt, answer} lines of a checkpoint's task file ([] when it states no accuracy)."""
     if not stated(checkpoint, "accuracy"):
         return []
     path: Path = checkpoint.expectation("accuracy")["tasks"]
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        lines = [line for line in bounded.read_text(path, "tasks").splitlines() if line.strip()]
+    except bounded.InputError as e:
+        raise MatrixError(str(e)) from None
+    rows = [_task(line) for line in lines]
     bad = [i for i, r in enumerate(rows, 1) if not isinstance(r.get("prompt"), str) or not isinstance(
         r.get("answer"), str)]
     if bad or not rows:
@@ -76,6 +90,11 @@ def engine_problem(case: Case, run: GroupRun) -> str | None:
                              f"models built={s['models_built']}" for s in states) or "no worker answered"
             return (f"mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
                     f"not fill the model inside the engine ({seen}); the mode proved nothing")
+    guard = run.request.get("guard")
+    if guard and not run.guard_ran():
+        return (f"mode {case.cell.mode.name} sets QUANTMATRIX_GUARD={guard!r}, but the engine log has no "
+                f"'quantmatrix guard ran' line: the guard never judged the model (is quantmatrix_guard left out of "
+                f"VLLM_PLUGINS?); the mode proved nothing (log: {run.directory / 'engine.log'})")
     return None
 
 

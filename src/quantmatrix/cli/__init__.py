@@ -15,6 +15,7 @@ import sys
 import tempfile
 import traceback
 
+from quantmatrix.bounded import shown
 from quantmatrix.cli import bisect, checkpoints, matrix, report
 from quantmatrix.errors import QuantmatrixError
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args, rest) if getattr(args, "passthrough", False) else args.run(args))
     except QuantmatrixError as e:
-        print(f"quantmatrix {args.command}: error: {e}", file=sys.stderr)
+        print(f"quantmatrix {args.command}: error: {printable(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `quantmatrix list | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -50,12 +51,18 @@ def main(argv: list[str] | None = None) -> int:
         return internal_error(args.command, e)
 
 
+def printable(message: str) -> str:
+    """An error message for the terminal: each of its lines escaped (bounded.shown), so a tensor name, a file name
+    or a surrogate inside it can neither forge a line nor fail to print."""
+    return "\n".join(shown(line) for line in message.split("\n"))
+
+
 def internal_error(command: str, error: BaseException) -> int:
     """Exit 3 with one line on stderr and the traceback in a log file the line names."""
     fd, log = tempfile.mkstemp(prefix=f"quantmatrix-{command}-", suffix=".log")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(f"quantmatrix {command} {' '.join(sys.argv[1:])}\n")
         f.write("".join(traceback.format_exception(error)))
-    print(f"quantmatrix {command}: internal error, please report: {type(error).__name__}: {str(error)[:300]} "
+    print(f"quantmatrix {command}: internal error, please report: {type(error).__name__}: {shown(error, 300)} "
           f"(traceback in {log})", file=sys.stderr)
     return 3

@@ -10,6 +10,9 @@ POISON_ENV = "QUANTMATRIX_POISON"
 FAULT_ENV = "QUANTMATRIX_TEST_CHILD_FAULT"
 # guard.plugin.ENV, named here because the engine ranks below the guard: the `guard` mode sets it.
 GUARD_ENV = "QUANTMATRIX_GUARD"
+# The start of the line the guard logs once it has judged a model (guard.plugin): a guard mode whose engine log lacks
+# it never ran the guard (VLLM_PLUGINS leaving it out, a load format it does not reach) and proves nothing.
+GUARD_RAN = "quantmatrix guard ran ("
 # Set by a mode, never inherited from the shell that started pytest (a runner with QUANTMATRIX_GUARD in its own
 # environment would otherwise run every mode guarded).
 MODE_ONLY_ENV = (POISON_ENV, FAULT_ENV, GUARD_ENV)

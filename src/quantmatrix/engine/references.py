@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix.atomic import dump_json, write_atomic
 from quantmatrix.checkpoints.store import DEQUANTIZED
 from quantmatrix.errors import QuantmatrixError
@@ -41,7 +42,12 @@ def load(root: Path, cell: Cell, kind: str, size: str | None = None) -> dict[str
     if not p.is_file():
         raise ReferenceMissing(f"{cell.id}: no {kind} reference for checkpoint {cell.checkpoint.id}, scheme "
                                f"{cell.checkpoint.scheme.name}, mode {cell.mode.name} ({p}); {how}")
-    data = json.loads(p.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(bounded.read_text(p, "reference"))
+    except (bounded.InputError, ValueError, RecursionError) as e:
+        raise ReferenceMissing(f"{p}: unreadable reference ({str(e)[:200]}); {how}") from None
+    if not isinstance(data, dict):
+        raise ReferenceMissing(f"{p}: the reference is {type(data).__name__}, not an object; {how}")
     key = (data.get("checkpoint"), data.get("scheme"), data.get("mode"))
     if key != (cell.checkpoint.id, cell.checkpoint.scheme.name, cell.mode.name):
         raise ReferenceMissing(f"{p} is keyed {key}, not {cell.id}'s checkpoint/scheme/mode; {how}")

@@ -26,7 +26,7 @@ from typing import Any
 
 import quantmatrix
 from quantmatrix.atomic import dump_json, write_atomic
-from quantmatrix.engine.protocol import CHILD_MODULE, ENGINE_ENV, MODE_ONLY_ENV, POISON_ENV
+from quantmatrix.engine.protocol import CHILD_MODULE, ENGINE_ENV, GUARD_ENV, GUARD_RAN, MODE_ONLY_ENV, POISON_ENV
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.model import Cell
 
@@ -84,6 +84,14 @@ class GroupRun:
             key = f"{layer['quant_method']}/{layer['backend']}"
             seen[key] = seen.get(key, 0) + 1
         return ", ".join(f"{k} x{n}" for k, n in seen.items()) or "no MoE layer seen"
+
+    def guard_ran(self) -> bool:
+        """Whether the engine log holds the guard's `ran` line (read whole: it is this run's own log)."""
+        try:
+            text = (self.directory / "engine.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+        return GUARD_RAN in text
 
     def overhead_s(self) -> float | None:
         """Suite time outside vLLM's engine start and generation (process start, import, inspection, I/O)."""
@@ -167,7 +175,7 @@ def build_request(e2e: E2E, cell: Cell, model: Path, platform: str,
     return {"cell": cell.id, "model": str(model), "engine_args": engine_args(e2e, cell, platform),
             "prompts": [*e2e.prompts, *task_prompts], "greedy_prompts": len(e2e.prompts),
             "max_tokens": e2e.max_tokens, "logprobs": e2e.logprobs, "platform": platform,
-            "poison": cell.mode.env.get(POISON_ENV)}
+            "poison": cell.mode.env.get(POISON_ENV), "guard": cell.mode.env.get(GUARD_ENV)}
 
 
 def run_child(request: dict[str, Any], directory: Path, env: Mapping[str, str], timeout_s: float) -> GroupRun:

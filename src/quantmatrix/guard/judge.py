@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
+import torch
+
 from quantmatrix.adapter import loaders
 from quantmatrix.adapter.declared import Declaration
 from quantmatrix.checks.audit import problem_of
@@ -45,19 +47,21 @@ class LayerResult:
 class Outcome:
     layers: tuple[LayerResult, ...]
     tensors: int
+    direct: bool = False  # no weight_loader ran (sharded_state writes param.data): loadedness was not measured
 
     @property
     def problems(self) -> list[tuple[LayerResult, Finding]]:
         return [(r, f) for r in self.layers for f in r.problems]
 
 
-def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend], declared: Declaration | None = None) -> LayerResult:
+def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend], declared: Declaration | None = None,
+                direct: bool = False) -> LayerResult:
     method, backend, weight_only = loaders.method_and_backend(layer.module)
     known = backends.get(backend)
     reads = known.reads if known is not None else WEIGHT_ONLY_ROLES if weight_only else EVERY_ROLE
     experts = loaders.num_local_experts(layer.module) if layer.kind == "moe" else -1
     params = {f"{layer.name}.{n}": p for n, p in layer.params.items()}
-    masks = {f"{layer.name}.{n}": unloaded_mask(layer, n) for n in layer.params}
+    masks = {f"{layer.name}.{n}": unloaded_mask(layer, n, direct) for n in layer.params}
     report = findings.measure_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
                                   experts, layer.misplaced)
     return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report, declared)
@@ -69,8 +73,25 @@ def judge(recorder: Recorder, backends: Mapping[str, MoeBackend], declared: Decl
     if recorder.errors:
         raise AdapterMismatch(f"{len(recorder.errors)} weight_loader call(s) could not be read, e.g. "
                               f"{recorder.errors[0]}; update quantmatrix/adapter/loaders.py")
-    results = tuple(judge_layer(layer, backends, declared) for layer in recorder.layers)
-    return Outcome(results, sum(len(r.params) for r in recorder.layers))
+    direct = recorder.calls == 0 and bool(recorder.layers)
+    results = tuple(judge_layer(layer, backends, declared, direct) for layer in recorder.layers)
+    rest, count = judge_rest(recorder)
+    return Outcome((*results, rest), sum(len(r.params) for r in recorder.layers) + count, direct)
+
+
+def judge_rest(recorder: Recorder) -> tuple[LayerResult, int]:
+    """Every other parameter and buffer of the model (norms, embeddings, routers, e_score_correction_bias, rotary
+    caches) for non-finite values: a NaN norm weight is read by every token as surely as an expert's."""
+    judged = {f"{layer.name}.{n}" for layer in recorder.layers for n in layer.params}
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, root in recorder.roots:
+        for name, t in (*root.named_parameters(), *root.named_buffers()):
+            full = prefix + name
+            if full not in judged and t is not None and t.dtype.is_floating_point:
+                tensors[full] = t.data if isinstance(t, torch.nn.Parameter) else t
+    found = tuple(f for name, t in tensors.items() for f in findings.nonfinite(name, t))
+    report = AuditReport("-", EVERY_ROLE, found, frozenset(tensors))
+    return LayerResult("(other parameters and buffers)", "other", "-", "-", False, True, report), len(tensors)
 
 
 def _advice(result: LayerResult) -> str:
@@ -106,6 +127,10 @@ def refusal(outcome: Outcome, files: Callable[[str], list[str]]) -> str:
     parts = []
     for r in outcome.layers:
         if not r.problems:
+            continue
+        if r.kind == "other":
+            names = "; ".join(f.describe() for f in r.problems)
+            parts.append(f"{r.layer}: non-finite values: {names}\n  what to do: {_advice(r)}")
             continue
         words = f"layer {r.layer} ({r.method}{', weight-only' if r.weight_only else ''})"
         text = problem_of(r.report, words, r.weight_only) or ""

@@ -7,8 +7,9 @@ wraps the MoE and linear parameters' weight_loaders (guard.record); right before
 turns the loaded tensors into kernel format it judges them (guard.judge) and unwraps. Nothing stays on the forward
 path. Either way vLLM's log says that the guard ran and how many tensors it checked; a guard that cannot run says so
 at ERROR level and, under `refuse`, stops the engine too (vLLM itself only logs a plugin that fails to import, so
-this module imports nothing but the standard library and quantmatrix.adapter.engine, itself standard library only at
-import, until `register` runs).
+this module imports nothing but the standard library, quantmatrix.engine.protocol and quantmatrix.adapter.engine,
+both standard library only at import, until `register` runs). A load the guard did not judge, under any load format,
+fails the same way (refuse) or logs an ERROR (warn).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
 from typing import Any
 
 from quantmatrix.adapter.engine import plugin_logger
+from quantmatrix.engine.protocol import GUARD_RAN
 
 ENV = "QUANTMATRIX_GUARD"
 BACKENDS_ENV = "QUANTMATRIX_GUARD_BACKENDS"  # optional matrix file whose moe_backends override the packaged ones
@@ -74,6 +77,7 @@ def _install() -> None:
     module, build_name, post_load_name = engine.loader_seams()
     build, post_load = getattr(module, build_name), getattr(module, post_load_name)
     recorders: dict[int, tuple[Recorder, float]] = {}
+    judged: set[int] = set()
 
     @functools.wraps(build)
     def build_recorded(*args: Any, **kwargs: Any) -> Any:
@@ -94,13 +98,46 @@ def _install() -> None:
                 _fail(wanted, f"the model reached {post_load_name} without passing {build_name}: the loader seam "
                               "moved (update quantmatrix/adapter/engine.py)")
             else:
-                guard_model(entry[0], model_config, wanted, entry[1])
+                if guard_model(entry[0], model_config, wanted, entry[1]) is not None:
+                    judged.add(id(model))
         return post_load(model, model_config, *args, **kwargs)
 
-    setattr(module, build_name, build_recorded)
-    setattr(module, post_load_name, judge_then_process)
-    _LOG.info("quantmatrix guard installed (%s=%s) at %s.%s / %s", ENV, mode(), module.__name__, build_name,
-              post_load_name)
+    seams = engine.seam_copies(build, post_load) or [module]
+    for m in seams:
+        for name, original, wrapper in ((build_name, build, build_recorded),
+                                        (post_load_name, post_load, judge_then_process)):
+            if getattr(m, name, None) is original:
+                setattr(m, name, wrapper)
+    engine.wrap_loaders(functools.partial(_checked_load, judged=judged))
+    _LOG.info("quantmatrix guard installed (%s=%s) at %s.%s / %s in %d loader module(s)", ENV, mode(),
+              module.__name__, build_name, post_load_name, len(seams))
+
+
+_depth = threading.local()
+
+
+def _checked_load(load_model: Any, loader: str, judged: set[int]) -> Any:
+    """A load format's model loading that, once the outermost load returns, fails (refuse) or logs an ERROR (warn)
+    when the model it loaded was never judged: a loader that builds or post-processes the model by a path the
+    guard's seams do not reach (ipc_cache's zero-copy mode skips post-processing) is never served as checked."""
+
+    @functools.wraps(load_model)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        _depth.n = getattr(_depth, "n", 0) + 1
+        try:
+            model = load_model(*args, **kwargs)
+        finally:
+            _depth.n -= 1
+        wanted = mode()
+        if _depth.n == 0 and wanted is not None:
+            if id(model) in judged:
+                judged.discard(id(model))
+            else:
+                _fail(wanted, f"{loader} loaded the model without the guard judging it (this load format "
+                              "builds or post-processes the model where the guard's seams are not)")
+        return model
+
+    return checked
 
 
 def guard_model(recorder: Any, model_config: Any, wanted: str, hook_s: float = 0.0) -> Any:
@@ -119,8 +156,11 @@ def guard_model(recorder: Any, model_config: Any, wanted: str, hook_s: float = 0
         recorder.uninstall()
     took = time.perf_counter() - start + hook_s
     n = len(outcome.problems)
-    _LOG.info("quantmatrix guard ran (%s): checked %d tensors in %d layers (%d MoE) in %.3f s; %d problem(s)",
-              wanted, outcome.tensors, len(outcome.layers), sum(r.kind == "moe" for r in outcome.layers), took, n)
+    layers = [r for r in outcome.layers if r.kind != "other"]
+    direct = (" (the load format wrote param.data directly, no weight_loader ran: what was never loaded is not "
+              "measured, every value is judged)") if outcome.direct else ""
+    _LOG.info(GUARD_RAN + "%s): checked %d tensors in %d layers (%d MoE) in %.3f s; %d problem(s)%s",
+              wanted, outcome.tensors, len(layers), sum(r.kind == "moe" for r in layers), took, n, direct)
     if n and wanted == "refuse":
         raise GuardRefusal(f"quantmatrix guard refuses to serve {getattr(model_config, 'model', '?')}: {n} tensor "
                            f"problem(s) the selected kernels would read\n{text}")
@@ -138,6 +178,6 @@ def backends() -> Any:
     path = os.environ.get(BACKENDS_ENV)
     if not path:
         return packaged.package_backends()
-    from quantmatrix.schema.load import load
+    from quantmatrix.schema.overrides import override_file
 
-    return load(path).moe_backends
+    return override_file(path)

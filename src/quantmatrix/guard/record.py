@@ -42,10 +42,13 @@ class Recorder:
     def __init__(self) -> None:
         self.layers: list[Layer] = []
         self.errors: list[str] = []  # calls it could not read: the judge then fails loudly, loading never does
+        self.roots: list[tuple[str, torch.nn.Module]] = []  # what install() was given: every tensor is judged
+        self.calls = 0  # weight_loader calls seen: none at all means the load format wrote param.data directly
         self._undo: list[Callable[[], None]] = []
 
     def install(self, model: torch.nn.Module, prefix: str = "") -> int:
         """Wrap every MoE and linear parameter's loader under `model`; returns how many were wrapped."""
+        self.roots.append((prefix, model))
         for name, module in model.named_modules():
             kind = loaders.layer_kind(module)
             if kind is None:
@@ -67,6 +70,7 @@ class Recorder:
         @functools.wraps(original)
         def recording(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
+            self.calls += 1
             if result is not False:  # MoE loaders answer False for an expert that is not on this rank
                 try:
                     shard, row = loaders.loader_call(layer.module, layer.kind, args, kwargs)
@@ -87,10 +91,14 @@ class Recorder:
         self._undo.clear()
 
 
-def unloaded_mask(layer: Layer, pname: str) -> torch.Tensor:
+def unloaded_mask(layer: Layer, pname: str, direct: bool = False) -> torch.Tensor:
     """Where the parameter was never written: one entry per expert row ([E, 1, ...]) for MoE tensors, else a
-    scalar (a linear parameter missing any of its shards counts as not written)."""
+    scalar (a linear parameter missing any of its shards counts as not written). `direct`: the load format wrote
+    param.data itself (sharded_state) and no weight_loader ran, so nothing here says what was not written: all
+    counts as loaded, and the values are still judged."""
     p = layer.params[pname]
+    if direct:
+        return torch.tensor(False)
     writes = layer.writes[pname]
     need = loaders.expected_shards(layer.module, layer.kind, pname)
     if layer.kind == "moe" and p.dim() > 0 and p.shape[0] == loaders.num_local_experts(layer.module):

@@ -10,10 +10,23 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from quantmatrix.adapter.roles import leaf
 from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.measure.loaded import AuditReport, Finding
 
 SCALE_ROLES = ("block_scale", "global_scale", "input_scale")
+
+
+def tensor_role(name: str) -> str:
+    """role_of, and for a scale no producer module names (FP8 block quantization's `weight_scale_inv`, any other
+    `*scale`, `*scale_inv`, `*scale_2`) the block-scale role: judged as a scale (finite, not negative) and, when
+    never loaded, counted as read by a backend that reads block scales. Every other name stays "other"."""
+    role = role_of(name)
+    if role != "other":
+        return role
+    lf = leaf(name)
+    return "block_scale" if lf.endswith(("scale", "scale_inv", "scale_2")) and not lf.startswith(("k_", "v_", "q_")) \
+        else "other"
 
 
 def expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
@@ -31,7 +44,7 @@ def measure_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, tor
     findings = list(extra)
     loaded_names = set()
     for name, p in params.items():
-        role = role_of(name)
+        role = tensor_role(name)
         is_read = role in reads
         mask = unloaded[name]
         if mask.any():
@@ -43,8 +56,8 @@ def measure_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, tor
             loaded_names.add(name)
         if role in SCALE_ROLES:
             findings += _scale_findings(name, role, p, ~mask, num_experts, is_read, single_input_scale)
-        elif role == "weight" and p.dtype.is_floating_point:
-            findings += _weight_findings(name, role, p, ~mask, num_experts, is_read)
+        elif p.dtype.is_floating_point:  # weights, and biases or router weights ("other"), which every forward reads
+            findings += _weight_findings(name, role, p, ~mask, num_experts, is_read or role == "other")
     return AuditReport(backend, reads, tuple(findings), frozenset(loaded_names))
 
 
@@ -57,12 +70,29 @@ def _nonfinite_detail(values: torch.Tensor, bad: torch.Tensor) -> str:
 _CHUNK = 1 << 26  # elements per isfinite() pass: bounds the transient bool tensor to 64 MiB
 
 
+def finite_mask(values: torch.Tensor) -> torch.Tensor:
+    """torch.isfinite for every dtype. The one-byte float formats are upcast to float32 first: torch implements
+    isfinite for neither float8_e4m3fn nor the fnuz formats, and calls float8_e8m0fnu's NaN (0xff) finite (torch
+    2.13). e2m1 (float4) has no NaN or inf encoding at all. Any other dtype torch cannot judge raises, and the guard
+    then says it is NOT RUNNING rather than pass the model."""
+    if values.dtype.is_floating_point and values.element_size() == 1:
+        try:
+            values = values.float()
+        except (NotImplementedError, RuntimeError):
+            if "e2m1" in str(values.dtype):
+                return torch.ones(values.shape, dtype=torch.bool, device=values.device)
+            raise
+    return torch.isfinite(values)
+
+
 def all_finite(values: torch.Tensor) -> bool:
-    """One bandwidth-bound pass, in dim-0 chunks so a large expert tensor never needs a full-size mask."""
-    if values.dim() == 0 or values.numel() <= _CHUNK:
-        return bool(torch.isfinite(values).all())
-    rows = max(1, _CHUNK // max(1, values[0].numel()))
-    return all(bool(torch.isfinite(values[i:i + rows]).all()) for i in range(0, values.shape[0], rows))
+    """One bandwidth-bound pass, in dim-0 chunks so a large expert tensor never needs a full-size mask (nor, for
+    an FP8 tensor, a full-size float32 copy: its chunks are a quarter the size)."""
+    chunk = _CHUNK // 4 if values.element_size() == 1 and values.dtype.is_floating_point else _CHUNK
+    if values.dim() == 0 or values.numel() <= chunk:
+        return bool(finite_mask(values).all())
+    rows = max(1, chunk // max(1, values[0].numel()))
+    return all(bool(finite_mask(values[i:i + rows]).all()) for i in range(0, values.shape[0], rows))
 
 
 def _weight_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int,
@@ -71,10 +101,19 @@ def _weight_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor
     values = p.data
     if all_finite(values):
         return []
-    bad = ~torch.isfinite(values) & loaded
+    bad = ~finite_mask(values) & loaded
     if not bad.any():
         return []
     return [Finding(name, role, "nonfinite", expert_rows(bad, n_exp), is_read, _nonfinite_detail(values, bad))]
+
+
+def nonfinite(name: str, values: torch.Tensor) -> list[Finding]:
+    """A tensor outside any judged layer (a norm, a bias, a buffer), read by every forward pass: its non-finite
+    values, if any."""
+    if all_finite(values):
+        return []
+    bad = ~finite_mask(values)
+    return [Finding(name, tensor_role(name), "nonfinite", (), True, _nonfinite_detail(values, bad))]
 
 
 def _scale_findings(name: str, role: str, p: torch.Tensor, loaded: torch.Tensor, n_exp: int, is_read: bool,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.model import OUTCOMES, PASS, RAN, RED, SCHEMA, CaseResult, Input, natural, summary_entry
@@ -38,11 +39,11 @@ def load_previous(path: str | Path) -> Previous:
     """Read last night's summary.json; anything unreadable is a ReportError naming the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read previous summary: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReportError(f"{path}: previous summary is not valid JSON: {e}") from None
+        data = json.loads(bounded.read_bytes(path, "summary").decode("utf-8"))
+    except bounded.InputError as e:
+        raise ReportError(f"{path}: cannot read previous summary: {e.why}") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested 100k deep
+        raise ReportError(f"{path}: previous summary is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ReportError(f"{path}: not a quantmatrix summary of schema {SCHEMA} (schema: {got!r})")
@@ -53,22 +54,29 @@ def load_previous(path: str | Path) -> Previous:
             if type(night) is not dict or type(night.get("night")) is not str or type(night.get("date")) is not str:
                 raise ValueError(f"nights[{i}] is not {{night: str, date: str}}: {str(night)[:100]}")
         for inp in prev.inputs:
-            if type(inp["common"]) is not dict or type(inp["properties"]) is not dict:
+            if not (_strings(inp["common"]) and _strings(inp["properties"])):
                 raise ValueError(f"input {str(inp.get('path'))[:100]!r} has malformed common or properties")
         outcomes, files, kept = frozenset(OUTCOMES), range(len(prev.inputs)), len(prev.nights)
         for key, c in prev.cases.items():  # one pass, cheap checks: it runs for 100k cases a night
             f = c.get("file")
             history = c.get("history", "")
-            if type(c) is not dict or c["outcome"] not in outcomes or type(c["properties"]) is not dict or \
+            if type(c) is not dict or c["outcome"] not in outcomes or not _strings(c["properties"]) or \
                     type(history) is not str or not (f is None or (type(f) is int and f in files)):
-                raise ValueError(f"case {key!r} has outcome {c['outcome']!r} or malformed properties, "
+                raise ValueError(f"case {key!r} has outcome {str(c['outcome'])[:100]!r} or malformed properties, "
                                  "history or file")
-            if history.count(" ") >= kept and len(history.split()) > kept:  # the cheap test first
+            # the cheap test first; a tab or newline (history.split() splits on any) never skips the count
+            if (history.count(" ") >= kept or not history.isprintable()) and len(history.split()) > kept:
                 raise ValueError(f"case {key!r} has {len(history.split())} nights of history, the summary "
                                  f"names {kept}")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"{path}: previous summary is malformed ({type(e).__name__}: {e})") from None
     return prev
+
+
+def _strings(d: Any) -> bool:
+    """A JSON object of strings (properties, as JUnit carries them): a number where a version string belongs would
+    fail deep inside the diff."""
+    return type(d) is dict and all(type(v) is str for v in d.values())
 
 
 def history_entries(history: str) -> list[tuple[str, str | None]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import io
 import math
 import os
 import re
@@ -21,6 +22,7 @@ from xml.etree import ElementTree as ET
 from junitparser import Error, Failure, JUnitXml, JUnitXmlError, TestCase
 from junitparser import junitparser as _jp
 
+from quantmatrix import bounded
 from quantmatrix import properties as P
 from quantmatrix.errors import ReportError
 from quantmatrix.report.model import LOG_CHARS, LOG_LINES, MESSAGE_CHARS, NONE, RED, Axes, summary_entry
@@ -135,12 +137,13 @@ def read_file(path: str, today: datetime.date | None = None) -> FileRead:
     """Read one JUnit file; any problem is reported, never raised, so the other files still merge."""
     out = FileRead(path)
     try:
-        if os.path.getsize(path) == 0:
+        data = bounded.read_bytes(path, "junit")
+        if not data:
             out.problem = "empty file"
             return out
-        xml = JUnitXml.fromfile(path)
-    except OSError as e:
-        out.problem = f"cannot read: {e.strerror}"
+        xml = JUnitXml.fromfile(io.BytesIO(data))
+    except bounded.InputError as e:
+        out.problem = f"cannot read: {e.why}"
         return out
     except _PARSE_ERRORS as e:
         out.problem = f"not well-formed XML (truncated?): {e}"
@@ -234,12 +237,48 @@ def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
     for arg in args:
         p = Path(arg)
         if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*.xml") if f.is_file())
+            found = sorted(_walk(p, bad))
             if not found:
-                bad.append({"path": arg, "problem": "run directory holds no *.xml file"})
+                bad.append({"path": bounded.shown(arg), "problem": "run directory holds no *.xml file"})
             files += found
         elif p.exists():
             files.append(str(p))
         else:
-            raise ReportError(f"{arg}: no such file or directory")
-    return list(dict.fromkeys(files)), bad
+            raise ReportError(f"{bounded.shown(arg)}: no such file or directory")
+    named = [f for f in files if _utf8(f)]
+    bad += [{"path": bounded.shown(f), "problem": "the file name is not UTF-8, so no report could name it: not read"}
+            for f in files if not _utf8(f)]
+    return list(dict.fromkeys(named)), bad
+
+
+MAX_DEPTH = 64  # directory levels below a run directory searched for *.xml (a runner writes one or two)
+
+
+def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
+    """Every *.xml entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH levels down (a run
+    directory nested 1,200 levels is a bad input, not a RecursionError); links to directories are not followed."""
+    stack = [(root, 0)]
+    while stack:
+        d, depth = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError as e:
+            bad.append({"path": bounded.shown(d), "problem": f"cannot list: {e.strerror}"})
+            continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                if depth + 1 > MAX_DEPTH:
+                    bad.append({"path": bounded.shown(e.path), "problem": f"nested deeper than {MAX_DEPTH} levels "
+                                "below the run directory: not searched"})
+                else:
+                    stack.append((Path(e.path), depth + 1))
+            elif e.name.endswith(".xml"):  # a FIFO or device too: the bounded reader names it, never opens it
+                yield e.path
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from quantmatrix.atomic import write_atomic
+from quantmatrix.bounded import shown
 from quantmatrix.errors import ReportError
 from quantmatrix.report import render_html, render_md
 from quantmatrix.report.build import summary_json
@@ -41,12 +43,24 @@ def _aside(parallel: bool, job: Callable[[], None], what: str) -> Iterator[None]
         yield
         job()
         return
-    child = multiprocessing.get_context("fork").Process(target=job, name=f"quantmatrix report: {what}")
+    child = multiprocessing.get_context("fork").Process(target=_one_line(job, what), name=f"quantmatrix report: {what}")
     child.start()
     try:
         yield
     finally:
         child.join()
     if child.exitcode != 0:
-        raise ReportError(f"writing {what} failed in a child process (exit code {child.exitcode}); its "
-                          "traceback is printed above")
+        raise ReportError(f"writing {what} failed in a child process (exit code {child.exitcode}); the reason is "
+                          "printed above")
+
+
+def _one_line(job: Callable[[], None], what: str) -> Callable[[], None]:
+    """The forked job, an OSError of its writing (an unusable --out) one line on stderr and exit status 2, as bad
+    input is everywhere (multiprocessing would print a raw traceback); a bug still shows its traceback."""
+    def run() -> None:
+        try:
+            job()
+        except OSError as e:
+            print(f"quantmatrix report: error: writing {what}: {shown(e, 300)}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    return run

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from quantmatrix.errors import MatrixError
+from quantmatrix.schema import limits
 from quantmatrix.schema.model import MoeBackend
 from quantmatrix.schema.vocab import ROLES
 from quantmatrix.schema.yamldoc import Doc, Field, as_bool, as_text, list_of, one_of
@@ -30,7 +31,7 @@ def parse(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, MoeBackend]:
                                         required=False, default=False),
             "kernel_alphas": Field(as_bool, "its fused-MoE quant config carries g1_alphas/g2_alphas (default true)",
                                    required=False, default=True),
-            "label": Field(as_text, "what it is"),
+            "label": Field(limits.text_at_most(limits.LABEL_CHARS, "a label"), "what it is"),
         })
         if r["name"] in seen:
             raise doc.error(r["@name"], f"duplicate MoE backend {r['name']!r} (already defined at {seen[r['name']]})")

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema.synthetic import SIZES
 from quantmatrix.schema.yamldoc import (
@@ -60,8 +61,10 @@ class E2E:
 def existing_file(doc: Doc, node: yaml.Node, what: str) -> Path:
     """A path relative to the matrix file that must exist."""
     path = (doc.path.parent / as_text(doc, node, what)).resolve()
-    if not path.is_file():
-        raise doc.error(node, f"{what}: {path} is not a file")
+    try:  # here, not when a check opens it: a FIFO or an 8 GiB file is a matrix error with its line
+        bounded.check_file(path, "prompts" if what == "e2e.prompts" else "tasks")
+    except bounded.InputError as e:
+        raise doc.error(node, f"{what}: {e}") from None
     return path
 
 
@@ -134,7 +137,9 @@ def parse(doc: Doc, node: yaml.Node, modes: list[str]) -> E2E:
         raise doc.error(r["@reference_mode"], f"e2e.reference_mode: no mode {r['reference_mode']!r}"
                                               f"{closest(r['reference_mode'], modes)}")
     try:
-        text = r["prompts"].read_text(encoding="utf-8")
+        text = bounded.read_bytes(r["prompts"], "prompts").decode("utf-8")
+    except bounded.InputError as e:
+        raise doc.error(r["@prompts"], f"e2e.prompts: {e}") from None
     except UnicodeDecodeError as e:
         raise doc.error(r["@prompts"], f"e2e.prompts: {r['prompts']} is not UTF-8 (byte {e.start})") from None
     prompts = tuple(line for line in text.splitlines() if line.strip())

@@ -9,7 +9,9 @@ from typing import Any
 
 import yaml
 
+from quantmatrix import bounded
 from quantmatrix.schema import e2e, synthetic
+from quantmatrix.schema.limits import ID_CHARS, NAME_CHARS
 from quantmatrix.schema.model import PerArch, Selector, Source, TensorFinding
 from quantmatrix.schema.vocab import (
     ACTIVATION_SCALES,
@@ -25,11 +27,11 @@ from quantmatrix.schema.yamldoc import Doc, Field, as_text, list_of, matching, o
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
                      "trylast", "and", "or", "not", "true", "false", "none"}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_ID = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+_NAME = re.compile(rf"[A-Za-z_][A-Za-z0-9_]{{0,{NAME_CHARS - 1}}}\Z")
+_ID = re.compile(rf"[a-z0-9][a-z0-9._-]{{0,{ID_CHARS - 1}}}\Z")
 
-name = matching(_NAME, "a name (letters, digits and _, not starting with a digit)")
-id_ = matching(_ID, "an id (lower-case letters, digits, '.', '_' and '-')")
+name = matching(_NAME, f"a name (letters, digits and _, not starting with a digit, at most {NAME_CHARS} characters)")
+id_ = matching(_ID, f"an id (lower-case letters, digits, '.', '_' and '-', at most {ID_CHARS} characters)")
 
 
 def marker(doc: Doc, node: yaml.Node, what: str) -> str:
@@ -127,12 +129,13 @@ def source(doc: Doc, node: yaml.Node, what: str) -> Source:
 
 # Expectations a checkpoint (or its scheme) can state; each check reads its own keys.
 def pattern(doc: Doc, node: yaml.Node, what: str) -> str:
-    """A regular expression, compiled once here so that a typo is a matrix error with its line, not a crash."""
+    """A regular expression, compiled once here by RE2 (bounded.regex: linear-time matching, every compile error
+    caught, an overflowing or deeply nested pattern included) so that a typo is a matrix error with its line."""
     text = as_text(doc, node, what)
     try:
-        re.compile(text)
-    except re.error as e:
-        raise doc.error(node, f"{what}: not a regular expression ({e})") from None
+        bounded.regex(text)
+    except bounded.InputError as e:
+        raise doc.error(node, f"{what}: {e.why}") from None
     return text
 
 

@@ -6,6 +6,7 @@ parallel, expert parallel). Every checkpoint is checked in the layout it is serv
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -71,3 +72,11 @@ def parse(doc: Doc, nodes: tuple[yaml.Node, ...]) -> list[tuple[Layout, dict[str
         seen[layout.name] = doc.where(node)
         out.append((layout, r, what))
     return out
+
+
+def narrowed(doc: Doc, declared: list[tuple[Layout, dict[str, Any], str]],
+             many: Callable[[list[yaml.Node], str], tuple[Any, ...]]) -> tuple[Layout, ...]:
+    """The declared layouts with their selectors resolved by `many` (schema.load's, which knows the names)."""
+    return tuple(dataclasses.replace(lay, **{key: many(doc.sequence(r[key], f"{what}.{key}"), f"{what}.{key}")
+                                             for key in ("cells", "except_cells") if r[key] is not None})
+                 for lay, r, what in declared)

@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields, layouts
+from quantmatrix.schema import e2e, fields, layouts, limits
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -48,6 +49,8 @@ from quantmatrix.schema.yamldoc import (
     scalar_map,
 )
 
+_LABEL = limits.text_at_most(limits.LABEL_CHARS, "a label")
+
 
 def _nodes(help_text: str, required: bool = True) -> Field:
     return Field(lambda d, n, w: tuple(d.sequence(n, w)), help_text, required=required, default=())
@@ -75,6 +78,8 @@ _TOP = {
     "moe_backends": _nodes("MoE kernel backends and what they read (over the packaged read-sets)", required=False),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
+    "max_cells": Field(int_at_least(1), f"most cells (checkpoints x archs x modes x layouts) the matrix may expand to "
+                       f"(default {limits.MAX_CELLS})", required=False),
     "allow_floating_revisions": Field(as_bool, "accept a hub revision that is a branch or tag (default false: "
                                       "every hub revision a 40-hex commit)", required=False, default=False),
 }
@@ -84,10 +89,10 @@ def load(path: str | Path) -> Matrix:
     """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = bounded.read_bytes(path, "matrix")
         text = data.decode("utf-8")
-    except OSError as e:
-        raise MatrixError(f"{path}: cannot read matrix: {e.strerror}") from None
+    except bounded.InputError as e:
+        raise MatrixError(f"{path}: cannot read matrix: {e.why}") from None
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
@@ -110,6 +115,7 @@ def load(path: str | Path) -> Matrix:
         raise MatrixError(f"{path}: not valid YAML: nested too deep") from None
     if root is None:
         raise MatrixError(f"{path}:1:1: the matrix file is empty")
+    limits.check_nodes(path, root)
     return _build(doc, doc.record(root, "matrix", _TOP))
 
 
@@ -128,7 +134,7 @@ def _archs(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Arch, ...]:
             "name": Field(fields.marker, "arch name, e.g. sm120"),
             "capability": Field(fields.capability, "compute capability, e.g. '12.0'"),
             "aliases": Field(list_of(fields.marker), "other names (marker aliases)", required=False, default=()),
-            "label": Field(as_text, "human label, e.g. 'RTX PRO 6000'"),
+            "label": Field(_LABEL, "human label, e.g. 'RTX PRO 6000'"),
             "engine_args": Field(scalar_map, "engine arguments on this arch", required=False, default=dict),
         })
         for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
@@ -149,7 +155,7 @@ def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
             "name": Field(fields.marker, "mode name, e.g. nocache"),
             "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
             "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
-            "label": Field(as_text, "what the mode reproduces"),
+            "label": Field(_LABEL, "what the mode reproduces"),
         })
         _unique(doc, seen, r["name"], r["@name"], "mode")
         modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
@@ -163,7 +169,7 @@ def _schemes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, Scheme]:
         r = doc.record(node, f"schemes[{i}]", {
             "name": Field(fields.name, "scheme name, e.g. nvfp4_weight_only"),
             "marker": Field(fields.marker, "marker of its cases, e.g. weight_only"),
-            "label": Field(as_text, "human label"),
+            "label": Field(_LABEL, "human label"),
             "expect": Field(fields.expect, "default expectations of its checkpoints", required=False,
                             default=dict),
             "factory": Field(one_of(FACTORY_SCHEMES), "the factory scheme its synthetic checkpoints are built as",
@@ -216,7 +222,7 @@ _CHECKPOINT_FIELDS = {
     "source": Field(fields.source, "synthetic, path or hub"),
     "producer": Field(one_of(PRODUCERS), "who exported it"),
     "scheme": Field(fields.name, "one of the matrix's schemes"),
-    "label": Field(as_text, "human label", required=False, default=""),
+    "label": Field(_LABEL, "human label", required=False, default=""),
     "expect": Field(fields.expect, "expectations (override the scheme's)", required=False, default=dict),
     "size_gb": Field(positive, "download size in GB (10^9 bytes); absent: unknown", required=False),
     "min_gpu_memory_gb": Field(positive, "GPU memory, all of a runner's GPUs together, of the smallest setup "
@@ -301,8 +307,9 @@ class _Selectors:
     def __init__(self, doc: Doc, known: Mapping[str, list[str]]) -> None:
         self.doc, self.known = doc, known
 
-    def one(self, node: yaml.Node, what: str) -> Selector:
+    def one(self, node: yaml.Node, what: str, cell: bool = True) -> Selector:
         sel, nodes = fields.selector(self.doc, node, what)
+        limits.check_selectors(self.doc, node, what, sel, cell)
         for key, pats in sel.patterns.items():
             for p in pats:
                 if not is_glob(p) and p not in self.known[key]:
@@ -334,7 +341,7 @@ def _waivers(doc: Doc, sel: _Selectors, nodes: tuple[yaml.Node, ...]) -> tuple[W
             "link": Field(as_text, "issue or PR tracking it"),
             "expires": Field(as_date, "date after which the waiver fails the run"),
         })
-        out.append(Waiver(sel.one(r["match"], f"waivers[{i}].match"), r["reason"], r["link"], r["expires"],
+        out.append(Waiver(sel.one(r["match"], f"waivers[{i}].match", cell=False), r["reason"], r["link"], r["expires"],
                           doc.where(node)))
     return tuple(out)
 
@@ -350,6 +357,8 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     backends = moe_backends.merged(moe_backends.parse(doc, top["moe_backends"]))
     _check_per_arch(archs, schemes, checkpoints, backends)
     declared = layouts.parse(doc, top["layouts"])
+    limits.check_cells(doc, top, (len(checkpoints), len(archs), len(modes), 1 + len(declared)), top["max_cells"],
+                       len(top["include"]) + len(top["exclude"]))
     sel = _Selectors(doc, {
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
@@ -367,9 +376,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
-    checked = tuple(dataclasses.replace(lay, **{key: sel.many(doc.sequence(r[key], f"{what}.{key}"), f"{what}.{key}")
-                                                for key in ("cells", "except_cells") if r[key] is not None})
-                    for lay, r, what in declared)
+    checked = layouts.narrowed(doc, declared, sel.many)
     matrix = Matrix(doc.path, archs, modes, schemes, checks, checkpoints, backends,
                     sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings,
                     checked)

@@ -15,7 +15,8 @@ import yaml
 
 from quantmatrix.errors import MatrixError
 
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+ENV_CHARS = 32_768  # one environment value (Linux refuses more than 128 KiB per string at exec)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -156,11 +157,16 @@ def env_vars(doc: Doc, node: yaml.Node, what: str) -> dict[str, str]:
     out = {}
     for key, knode, vnode in doc.mapping(node, what):
         if not _ENV.match(key):
-            raise doc.error(knode, f"{what}: {key!r} is not an environment variable name")
+            raise doc.error(knode, f"{what}: {key[:80]!r} is not an environment variable name (letters, digits and _, "
+                                   "at most 128)")
         value = doc.scalar(vnode, f"{what}.{key}")
         if not isinstance(value, (str, int)) or isinstance(value, bool):
             raise doc.error(vnode, f"{what}.{key}: environment values are strings (quote them), got {show(value)}")
-        out[key] = str(value)
+        value = str(value)
+        if "\x00" in value or len(value) > ENV_CHARS:
+            raise doc.error(vnode, f"{what}.{key}: an environment value holds no NUL and at most {ENV_CHARS} "
+                                   f"characters (got {len(value)}{', a NUL' if chr(0) in value else ''})")
+        out[key] = value
     return out
 
 
