@@ -188,22 +188,3 @@ def per_arch(doc: Doc, node: yaml.Node, what: str, item: Callable[[Doc, yaml.Nod
 def expect(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     rec = doc.record(node, what, EXPECT_FIELDS)
     return {k: v for k, v in rec.items() if not k.startswith("@") and v is not None}
-
-
-_TOP = {
-    "version": Field(one_of((1,)), "schema version, 1"),
-    "archs": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of GPU archs"),
-    "modes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of allocator/exec modes"),
-    "schemes": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of quantization schemes"),
-    "checks": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checks (suites/ test_<name>)"),
-    "checkpoints": Field(lambda d, n, w: tuple(d.sequence(n, w)), "list of checkpoints"),
-    "include": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to keep", required=False,
-                     default=()),
-    "exclude": Field(lambda d, n, w: tuple(d.sequence(n, w)), "cell selectors to drop", required=False,
-                     default=()),
-    "waivers": Field(lambda d, n, w: tuple(d.sequence(n, w)), "known failures", required=False, default=()),
-    "moe_backends": Field(lambda d, n, w: tuple(d.sequence(n, w)), "MoE kernel backends and what they read",
-                          required=False, default=()),
-    "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
-                 required=False),
-}
