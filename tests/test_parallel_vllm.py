@@ -15,8 +15,12 @@ import shard_bugs
 from junitparser import Failure, JUnitXml
 
 from quantmatrix.checkpoints import store
-from quantmatrix.measure import pool, ranked
+from quantmatrix.checks import ranks as rank_checks
+from quantmatrix.checks.verdict import FAIL
+from quantmatrix.measure import pool, ranked, shards, split
+from quantmatrix.schema.layouts import Layout
 from quantmatrix.schema.load import load
+from quantmatrix.schema.model import Case, Cell
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = load(ROOT / "matrices" / "default.yaml")
@@ -113,3 +117,37 @@ def test_the_rank_processes_fail_loudly_and_start_afresh(tmp_path):
     finally:
         ranks.close()
     assert ranks.log.is_file()
+
+
+def test_vllm_loads_a_layout_that_splits_nvfp4_groups_silently_and_rank_shards_is_red():
+    """Measured on the installed vLLM: its MixtralMoE (unlike Qwen3-MoE, which refuses more ranks than experts) takes
+    tp 8 for the tiny Mixtral, whose 64 intermediate values cannot split into whole 16-value NVFP4 groups over 8
+    ranks. It neither refuses nor pads: each rank's w2 holds 4 packed bytes (8 values, half a group) and its w2
+    block scale no column at all. rank_shards names the layout's reason, rank, tensor, expert and slice; the
+    one-rank checks see nothing wrong. Built in the real rank processes, judged as the cpu tier judges."""
+    ck = _checkpoint("mixtral-tiny-nvfp4-weight-only")
+    path = store.materialize(ck)
+    archs = (("sm121", DEFAULT.arch("sm121").capability),)
+    backends = {n: (tuple(sorted(b.reads)), b.single_input_scale) for n, b in DEFAULT.moe_backends.items()}
+    ranks = pool.Pool()
+    try:
+        results = ranks.run(ranked.Job(str(path), 8, False, archs, backends))
+    finally:
+        ranks.close()
+    assert [r.facts.tp_size for r in results] == [8] * 8  # every rank built its block: none refused
+    assert not [a.error for r in results for a in r.archs.values() if a.error]
+    why = split.impossible(split.Checkpoint(path), shards.moe_ranks(8, False))
+    experts = "model.layers.0.block_sparse_moe.experts"
+    assert why == f"{experts}.*.w2.weight [64, 32]: 32 along axis 1 (4 blocks of 8) cannot be split evenly over 8 ranks"
+    cell = Cell(ck, DEFAULT.arch("sm121"), DEFAULT.mode("default"), Layout(8))
+    case = Case(DEFAULT.checks["rank_shards"], cell, None)
+    verdict = rank_checks.shards_verdict(case, ranked.combine(results, 8, False, "sm121", why))
+    assert verdict.outcome == FAIL and verdict.heading == "mixtral-tiny-nvfp4-weight-only@sm121-default-tp8 rank_shards"
+    # 8 ranks x 4 experts x (w2 weight, w2 block scale): every slot of the split axis, nothing else
+    assert verdict.problem.startswith("64 slot(s) under layout tp8 differ from the reference split of the "
+                                      f"checkpoint's files (a layout that cannot split exactly: {why}): "), \
+        verdict.problem
+    assert (f"rank 0 {experts}.routed_experts.w2_weight (expert 0) must hold {experts}.0.w2.weight: shape (axis 1 "
+            "slot holds 4, its part is 8 of 32)") in verdict.problem
+    assert (f"rank 0 {experts}.routed_experts.w2_weight_scale (expert 0) must hold {experts}.0.w2.weight_scale: "
+            "shape (axis 1 slot holds 0, its part is 1 of 4)") in verdict.problem
