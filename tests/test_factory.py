@@ -224,7 +224,7 @@ def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, m
     the bf16 model) writes a checkpoint whose logits stray far past verify.LOGIT_REL_ERROR_BOUND."""
     bf16 = build(tmp_path, "bf16", producer="none", scheme="bf16", model="qwen3_moe")
     ck = build(tmp_path, "ck", model="qwen3_moe", **MO)
-    assert _dequant_problem(dequant.dequant_error(dequant.dequantized_state(ck), bf16)) is None
+    assert _dequant_problem(dequant.dequant_error(dequant.dequantized_state(ck), bf16, base.prompts())) is None
 
     def swap(packed: torch.Tensor) -> torch.Tensor:
         return (packed >> 4) | (packed << 4)
@@ -235,7 +235,7 @@ def test_logit_bound_rejects_a_layout_bug_the_packer_makes_both_ways(tmp_path, m
     bad = build(tmp_path, "bad", model="qwen3_moe", **MO)
     assert torch.equal(tensors(bad / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"],
                        tensors(ck / store.DEQUANTIZED)["model.layers.0.mlp.experts.0.up_proj.weight"])
-    err = dequant.dequant_error(dequant.dequantized_state(bad), bf16)
+    err = dequant.dequant_error(dequant.dequantized_state(bad), bf16, base.prompts())
     assert err.rel_error > 2 * verify.LOGIT_REL_ERROR_BOUND and err.top1 < verify.TOP1_AGREEMENT_BOUND
     assert "strays from bf16" in _dequant_problem(err)
 

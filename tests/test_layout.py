@@ -15,7 +15,7 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 80
 RANK = {"errors": 0, "atomic": 0, "properties": 0, "bounded": 0.5, "schema": 1, "host": 2, "adapter": 3,
         "checkpoints": 4, "engine": 5,
         "measure": 6, "checks": 7, "guard": 8, "pytest_plugin": 8, "report": 8, "bisect": 9,
-        "cli": 10}
+        "repro": 9, "ci": 9, "cli": 10}
 
 
 def _modules() -> dict[str, Path]:

@@ -267,7 +267,8 @@ def test_the_merge_step_records_the_report_exit_status_with_quantmatrix_faked(tm
     assert _bash(script, tmp_path, env).returncode == 0
     assert (tmp_path / "out").read_text() == "rc=1\n"
     args = (tmp_path / "args").read_text()
-    assert re.fullmatch(r"report nightly/junit --out nightly/report --night \d{4}-\d\d-\d\d-run41\n", args)
+    assert re.fullmatch(r"report nightly/junit --out nightly/report --night \d{4}-\d\d-\d\d-run41 "
+                        r"--bundles nightly/report/bundles\n", args)
     (tmp_path / "nightly" / "previous").mkdir(parents=True)
     (tmp_path / "nightly" / "previous" / "summary.json").write_text("{}")
     _bash(script, tmp_path, env)
@@ -295,3 +296,29 @@ def test_the_arch_job_stops_only_its_own_leftover_engine_processes_with_pgrep_an
         assert "::warning::stopping leftover engine processes: 4242 4343" in proc.stdout
     else:
         assert not (tmp_path / "kill-calls").exists()
+
+
+def test_the_arch_job_bundles_each_runs_failures_and_uploads_them_with_quantmatrix_faked(tmp_path):
+    """`quantmatrix repro --failed` once per run directory of this arch that holds JUnit, size-capped, into
+    repro/<run>; a run whose failures could not all be bundled is a warning, not a failed job; the bundles are
+    uploaded even when the cases failed."""
+    job = _workflow("nightly-arch.yml")["jobs"]["gpu"]
+    step = _step(job, "Repro bundles")
+    assert step["if"] == "always()"
+    upload = _step(job, "Upload the repro bundles")
+    assert upload["if"] == "always()" and upload["with"]["path"] == "repro/"
+    assert upload["with"]["name"] == "repro-${{ inputs.arch }}"
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "quantmatrix").write_text('#!/bin/sh\necho "$*" >> calls\ncase "$*" in *sm121-real*) exit 1;; esac\n')
+    (venv / "quantmatrix").chmod(0o755)
+    for run in ("nightly-sm121-default", "nightly-sm121-real", "nightly-sm120-default"):
+        (tmp_path / "reports" / run).mkdir(parents=True)
+        (tmp_path / "reports" / run / "junit.xml").write_text("<testsuites/>")
+    (tmp_path / "reports" / "nightly-sm121-empty").mkdir()
+    proc = _bash(step["run"], tmp_path, {"PATH": os.environ["PATH"], "ARCH": "sm121"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        f"repro --failed --junit reports/nightly-sm121-{r}/ --out repro/nightly-sm121-{r} --limit 20 "
+        "--checkpoint-cap 16" for r in ("default", "real")]
+    assert "::warning::some failed cases of reports/nightly-sm121-real/ got no repro bundle" in proc.stdout

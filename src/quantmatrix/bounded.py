@@ -25,6 +25,8 @@ CAPS = {
     "summary": 1024 * MIB,  # a previous night's summary.json
     "reference": 64 * MIB,
     "result": 256 * MIB,  # an engine child's result file
+    "sanitizer_log": 8192 * MIB,  # compute-sanitizer's report, streamed (a healthy model's noise: ~4 kB a read)
+    "bundle": 64 * MIB,  # a repro bundle's case.json (the report links the case it names)
 }
 REGEX_MEMORY = 8 * MIB  # RE2's memory budget for one compiled pattern
 _READ_CHUNK = MIB

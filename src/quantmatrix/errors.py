@@ -29,3 +29,12 @@ class ReportError(QuantmatrixError):
 
 class BisectError(QuantmatrixError):
     """A bisect cannot start as asked: an unknown release or case, an unreadable index or report."""
+
+
+class SanitizerLogError(QuantmatrixError):
+    """A compute-sanitizer report or parameter record cannot be read whole: the message names the file and line."""
+
+
+class ReproError(QuantmatrixError):
+    """A repro bundle cannot be made as asked: an unknown case, a record without what the script needs, code the
+    lifter cannot carry into a standalone script."""

@@ -68,6 +68,13 @@ MOE_ROUTED, ENGINE_DEVICE = "moe_routed", "engine_device"
 ENGINE_VLLM, ENGINE_TORCH = "engine_vllm", "engine_torch"
 SUITE_OVERHEAD_S, POISON = "suite_overhead_s", "poison"
 DEGENERATION, FIRST_DIVERGENCE, ACCURACY = "degeneration", "first_divergence", "accuracy"
+# uninit_reads (the sanitize mode): compute-sanitizer's report count; the model's tensors read where nobody wrote
+# (JSON list: tensor, stage, reads, elements, experts, kernels), silenced ones apart with their reason and link;
+# every other uninitialised read (scratch/activation memory) as JSON {kernel: reads}; whether the marker ordered the
+# report (`markers`) or both records applied throughout (`unknown`); how each log was matched to a worker's record.
+SANITIZER_REPORTS, UNINIT_PARAM_READS = "sanitizer_reports", "uninit_param_reads"
+UNINIT_SILENCED, UNINIT_OTHER_READS, UNINIT_ORDER = "uninit_silenced", "uninit_other_reads", "uninit_order"
+UNINIT_ATTRIBUTION = "uninit_attribution"
 # The cell's greedy continuations of the e2e prompts, and each position's top-k as ranked token ids: recorded
 # once per cell (on its degeneration case) for the report's cross-arch comparison (report.crossarch).
 GREEDY_TOKEN_IDS, GREEDY_TOP_K = "greedy_token_ids", "greedy_top_k"
@@ -101,6 +108,12 @@ def _json(raw: str | None) -> Any:
         return json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError):  # not JSON, an int too long to read, nesting deeper than Python's stack
         return None
+
+
+def decode_json(raw: str | None, kind: type) -> Any:
+    """A structured property (the uninit_* ones) read back; None where it is absent, unreadable or not a `kind`."""
+    value = _json(raw)
+    return value if isinstance(value, kind) else None
 
 
 def decode_tokens(raw: str | None) -> list[list[int]] | None:

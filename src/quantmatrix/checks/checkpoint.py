@@ -43,22 +43,27 @@ def lint_problem(expected: tuple[str | TensorFinding, ...], report: LintReport) 
 def hf_verdict(case: Case, greedy: HfGreedy) -> Verdict:
     """The bf16 model loads in transformers from its own files and continues the prompts as its in-memory
     model (built from the same tensors, never saved) does."""
-    properties = [(P.HF_GREEDY_TOKEN_IDS, greedy.from_files)]
+    return Verdict.of(case, hf_problem(greedy), [(P.HF_GREEDY_TOKEN_IDS, greedy.from_files)])
+
+
+def hf_problem(greedy: HfGreedy) -> str | None:
     if not greedy.tokenizer_agrees:
-        return Verdict.fail(case, "tokenizer.json on disk encodes the prompts differently from the tokenizer the "
-                                  "factory trains", properties)
+        return "tokenizer.json on disk encodes the prompts differently from the tokenizer the factory trains"
     rows = [f"  {p!r}: in memory {w}, from the files {g}"
             for p, w, g in zip(greedy.prompts, greedy.in_memory, greedy.from_files, strict=True) if w != g]
-    return Verdict.of(case, "greedy output of the model loaded from its files differs from the same weights' "
-                            "in-memory model (never saved):\n" + "\n".join(rows) if rows else None, properties)
+    return ("greedy output of the model loaded from its files differs from the same weights' in-memory model "
+            "(never saved):\n" + "\n".join(rows)) if rows else None
 
 
 def dequant_verdict(case: Case, err: LogitError) -> Verdict:
     """The export's dequantized model stays within the logit bounds of the bf16 model it came from (a NaN error
     never passes: every comparison with NaN is false)."""
+    return Verdict.of(case, dequant_problem(err), [(P.LOGIT_REL_ERROR, round(err.rel_error, 5)),
+                                                   (P.TOP1_AGREEMENT, round(err.top1, 4))])
+
+
+def dequant_problem(err: LogitError) -> str | None:
     within = err.rel_error <= LOGIT_REL_ERROR_BOUND and err.top1 >= TOP1_AGREEMENT_BOUND
-    problem = None if within else (
+    return None if within else (
         f"dequantized model strays from bf16: logit relative error {err.rel_error:.4f} (bound "
         f"{LOGIT_REL_ERROR_BOUND}), top-1 agreement {err.top1:.3f} (bound {TOP1_AGREEMENT_BOUND})")
-    return Verdict.of(case, problem, [(P.LOGIT_REL_ERROR, round(err.rel_error, 5)),
-                                      (P.TOP1_AGREEMENT, round(err.top1, 4))])

@@ -69,8 +69,21 @@ def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict
 
 
 def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
-    """None when the resolution is what the matrix expects, else the message a maintainer reads."""
+    """The matrix's expectations, each read only where the verdict turns on it (a matrix need not state a
+    method for a config vLLM must refuse)."""
     expected = checkpoint.expectation("resolves_to")
+    settled = got.scheme == expected
+    because = checkpoint.expectation("rejected_because") if settled and expected == "rejected" else None
+    method = checkpoint.expectation("quant_method") if settled and expected != "rejected" else None
+    matched = because is not None and bounded.regex(because).search(got.detail) is not None
+    return config_problem(expected, method, because, matched, got, shape)
+
+
+def config_problem(expected: str, method: str | None, because: str | None, matched: bool, got: Resolution,
+                   shape: str) -> str | None:
+    """None when the resolution is what the matrix expects (scheme `expected`; then the quant `method`, or for a
+    refusal vLLM's words matching the pattern `because`, which the caller searched: `matched`), else the message
+    a maintainer reads."""
     if got.scheme != expected:
         routed = f"{got.method}/{got.algo}" if got.algo else got.method
         head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
@@ -81,15 +94,13 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
             why = "the matrix says vLLM must refuse this config rather than guess a kernel"
         return (f"{head}: {why}" if why else head) + f" [config shape: {shape}]"
     if expected == "rejected":
-        because = checkpoint.expectation("rejected_because")
-        if bounded.regex(because).search(got.detail) is None:
+        if not matched:
             return (f"vLLM rejected the config, but not for the reason the matrix expects: {got.detail!r} does not "
                     f"match {because!r} [config shape: {shape}]")
         return None
-    expected_method = checkpoint.expectation("quant_method")
-    if got.method != expected_method:
+    if got.method != method:
         return (f"checkpoint claimed by vLLM quantization method {got.method!r}, expected "
-                f"{expected_method!r} [config shape: {shape}]")
+                f"{method!r} [config shape: {shape}]")
     return None
 
 
@@ -107,10 +118,19 @@ def layer_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBacke
 
 
 def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend]) -> str | None:
-    """The message names what was routed where and why it hurts."""
+    """The matrix's expectations for the cell's arch, read only once there is a layer to judge."""
     ck, arch = case.cell.checkpoint, case.cell.arch
     expected = ck.expectation("resolves_to")
-    on = f"on {arch.describe()}"
+    built = expected != "rejected" and build.layer is not None
+    wanted = ck.expectation("activation_scales", arch) if built else None
+    pinned = ck.expectation("moe_backend", arch, default=None) if built else None
+    return layer_problem(expected, wanted, pinned, f"on {arch.describe()}", build, backends)
+
+
+def layer_problem(expected: str, wanted: str | None, pinned: list[str] | None, on: str, build: LayerBuild,
+                  backends: Mapping[str, MoeBackend]) -> str | None:
+    """The message names what was routed where and why it hurts: `expected` scheme, `wanted` activation scales
+    (read / not_read / any), the `pinned` backends, if any, of the arch the layer was built `on`."""
     if expected == "rejected":
         return None if build.layer is None else (
             f"vLLM built {build.layer.method} with backend {build.layer.backend} {on} for a config the matrix says "
@@ -126,14 +146,12 @@ def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     if backend is None:
         return (f"vLLM selected MoE backend {layer.backend} {on}, which the matrix does not describe: add it under "
                 f"moe_backends with the tensors it reads (known: {', '.join(backends)})")
-    wanted = ck.expectation("activation_scales", arch)
     if wanted == "not_read" and backend.reads_activation_scales:
         return (f"weight-only checkpoint routed to W4A4 fused MoE backend {backend.name} {on}: input_scale would be "
                 "read uninitialised (the checkpoint has none)")
     if wanted == "read" and not backend.reads_activation_scales:
         return (f"W4A4 checkpoint routed to {backend.name} {on}, which never reads activation scales: its calibrated "
                 "input_scale is discarded and activations run unquantized")
-    pinned = ck.expectation("moe_backend", arch, default=None)
     if pinned is not None and backend.name not in pinned:
         return f"MoE backend {backend.name} selected {on}; the matrix pins {', '.join(pinned)} for this arch"
     return None

@@ -79,6 +79,11 @@ def run_properties(run: GroupRun) -> list[tuple[str, Any]]:
 
 def engine_problem(case: Case, run: GroupRun) -> str | None:
     """The run itself is unusable: it failed, or its poison mode did not take effect inside the engine."""
+    return run_problem(case.cell.mode.name, run)
+
+
+def run_problem(mode: str, run: GroupRun) -> str | None:
+    """engine_problem for a run in `mode`."""
     if run.failure is not None:
         return f"the engine run failed: {run.failure.message()}"
     wanted = run.request["poison"]
@@ -88,11 +93,11 @@ def engine_problem(case: Case, run: GroupRun) -> str | None:
         if not states or off:
             seen = "; ".join(f"pid {s['pid']}: registered_by={s['registered_by']}, requested={s['requested']}, "
                              f"models built={s['models_built']}" for s in states) or "no worker answered"
-            return (f"mode {case.cell.mode.name} asks for poison {wanted!r}, but the plugin did "
+            return (f"mode {mode} asks for poison {wanted!r}, but the plugin did "
                     f"not fill the model inside the engine ({seen}); the mode proved nothing")
     guard = run.request.get("guard")
     if guard and not run.guard_ran():
-        return (f"mode {case.cell.mode.name} sets QUANTMATRIX_GUARD={guard!r}, but the engine log has no "
+        return (f"mode {mode} sets QUANTMATRIX_GUARD={guard!r}, but the engine log has no "
                 f"'quantmatrix guard ran' line: the guard never judged the model (is quantmatrix_guard left out of "
                 f"VLLM_PLUGINS?); the mode proved nothing (log: {run.directory / 'engine.log'})")
     return None
@@ -124,16 +129,21 @@ def degeneration(case: Case, run: GroupRun) -> Verdict:
     must = case.cell.checkpoint.expectation("degenerate")
     if not must:  # a canary's output is garbage by design: comparing it across archs would only be noise
         properties += greedy_properties(case.cell.checkpoint, run)
-    worst = run.greedy()[metrics.worst_prompt]
+    return Verdict.of(case, degeneration_problem(_routed(run), metrics, crossed, must, run.greedy()), properties)
+
+
+def degeneration_problem(routed: str, metrics: quality.Degeneration, crossed: list[str], must: bool,
+                         greedy: list[dict[str, Any]]) -> str | None:
+    """Degenerate output where the checkpoint `must` not give it, or a canary (`must`) that passed."""
+    worst = greedy[metrics.worst_prompt]
     sample = f"worst continuation (prompt {metrics.worst_prompt}): {worst['token_ids']} {worst['text']!r}"
-    problem = None
     if crossed and not must:
-        problem = (f"{_routed(run)}: greedy output is degenerate: " + "; ".join(crossed) +
-                   f"\n{sample}\n(an expert path that outputs zeros or NaN looks exactly like this)")
-    elif must and not crossed:
-        problem = (f"{_routed(run)}: this checkpoint is deliberately broken and must be flagged, but the "
-                   f"degeneration oracle passed it ({metrics.summary()}): the thresholds are too loose\n{sample}")
-    return Verdict.of(case, problem, properties)
+        return (f"{routed}: greedy output is degenerate: " + "; ".join(crossed) +
+                f"\n{sample}\n(an expert path that outputs zeros or NaN looks exactly like this)")
+    if must and not crossed:
+        return (f"{routed}: this checkpoint is deliberately broken and must be flagged, but the "
+                f"degeneration oracle passed it ({metrics.summary()}): the thresholds are too loose\n{sample}")
+    return None
 
 
 def _cheap_first(case: Case, run: GroupRun) -> Verdict | None:
@@ -170,11 +180,17 @@ def agreement(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
         return stop
     ref = reference("outputs")
     k = case.cell.checkpoint.expectation("agreement_top_k")
-    broken, where = _divergences(run.greedy(), ref["outputs"], k, "the reference")
-    by = ref["produced_by"]
-    problem = (f"{_routed(run)}: greedy output disagrees with the reference ({by.get('source')}, "
-               f"{by.get('date')}): {broken}") if broken else None
+    problem, where = agreement_problem(_routed(run), run.greedy(), ref, k)
     return Verdict.of(case, problem, run_properties(run) + where)
+
+
+def agreement_problem(routed: str, greedy: list[dict[str, Any]], ref: dict[str, Any], k: int
+                      ) -> tuple[str | None, list[tuple[str, Any]]]:
+    """The engine's greedy output against a stored reference ({outputs, produced_by}), within top-`k`."""
+    broken, where = _divergences(greedy, ref["outputs"], k, "the reference")
+    by = ref["produced_by"]
+    return (f"{routed}: greedy output disagrees with the reference ({by.get('source')}, "
+            f"{by.get('date')}): {broken}") if broken else None, where
 
 
 def invariance(case: Case, run: GroupRun, reference_run: Callable[[], GroupRun], reference_mode: str) -> Verdict:
@@ -189,25 +205,36 @@ def invariance(case: Case, run: GroupRun, reference_run: Callable[[], GroupRun],
         return Verdict.fail(case, f"cannot compare with mode {reference_mode}: its engine run failed: "
                                   f"{base.failure.message()}", run_properties(run))
     k = case.cell.checkpoint.expectation("invariance_top_k")
-    broken, where = _divergences(run.greedy(), base.greedy(), k, f"mode {reference_mode}")
-    problem = (f"{_routed(run)} vs {reference_mode} [{base.routed()}]: mode {case.cell.mode.name} changes greedy "
-               f"output, so something reads memory nobody wrote: {broken}") if broken else None
+    problem, where = invariance_problem(_routed(run), f"[{base.routed()}]", case.cell.mode.name, reference_mode,
+                                       run.greedy(), base.greedy(), k)
     return Verdict.of(case, problem, run_properties(run) + where)
+
+
+def invariance_problem(routed: str, base_routed: str, mode: str, reference_mode: str, greedy: list[dict[str, Any]],
+                       base: list[dict[str, Any]], k: int) -> tuple[str | None, list[tuple[str, Any]]]:
+    """`mode`'s greedy output against the `reference_mode`'s, within top-`k`."""
+    broken, where = _divergences(greedy, base, k, f"mode {reference_mode}")
+    return (f"{routed} vs {reference_mode} {base_routed}: mode {mode} changes greedy output, so something "
+            f"reads memory nobody wrote: {broken}") if broken else None, where
 
 
 def accuracy(case: Case, run: GroupRun, reference: LoadReference) -> Verdict:
     stop = _cheap_first(case, run)
     if stop is not None:
         return stop
-    rows = tasks(case.cell.checkpoint)
-    solved = quality.score([o["text"] for o in run.tasks()], [r["answer"] for r in rows])
-    ref = reference("accuracy")
-    spec = case.cell.checkpoint.expectation("accuracy")
+    verdict, problem = accuracy_problem(_routed(run), [o["text"] for o in run.tasks()], tasks(case.cell.checkpoint),
+                                        reference("accuracy"), case.cell.checkpoint.expectation("accuracy"))
+    return Verdict.of(case, problem, [*run_properties(run), (P.ACCURACY, verdict.arithmetic())])
+
+
+def accuracy_problem(routed: str, texts: list[str], rows: list[dict[str, str]], ref: dict[str, Any],
+                     spec: dict[str, Any]) -> tuple[quality.AccuracyVerdict, str | None]:
+    """The engine's answers (`texts`) to the task `rows`, against the stored reference accuracy (`ref`)."""
+    solved = quality.score(texts, [r["answer"] for r in rows])
     verdict = quality.AccuracyVerdict(sum(solved), len(solved), ref["correct"], ref["n"], spec["z"],
                                       spec["max_drop"])
-    problem = None
-    if not verdict.ok:
-        misses = [rows[i]["prompt"] for i, ok in enumerate(solved) if not ok][:5]
-        problem = (f"{_routed(run)}: task accuracy below the statistical bound: {verdict.arithmetic()}; "
-                   f"first misses: {misses}")
-    return Verdict.of(case, problem, [*run_properties(run), (P.ACCURACY, verdict.arithmetic())])
+    if verdict.ok:
+        return verdict, None
+    misses = [rows[i]["prompt"] for i, ok in enumerate(solved) if not ok][:5]
+    return verdict, (f"{routed}: task accuracy below the statistical bound: {verdict.arithmetic()}; "
+                     f"first misses: {misses}")

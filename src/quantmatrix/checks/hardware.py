@@ -18,16 +18,20 @@ def device_verdict(case: Case, seen: Seen) -> Verdict:
 
 def _problem(case: Case, seen: Seen) -> str | None:
     cell = case.cell
-    arch = cell.arch
-    if seen.capability != arch.capability:
+    return device_problem(cell.arch.describe(), cell.arch.capability, cell.mode.name,
+                          cell.mode.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1", seen)
+
+
+def device_problem(arch: str, capability: tuple[int, int], mode: str, no_cache: bool, seen: Seen) -> str | None:
+    """cuda:0 must be exactly `arch` (`capability`), and the allocator must cache exactly when `mode` does."""
+    if tuple(seen.capability) != tuple(capability):
         return (f"cuda:0 is {seen.name} (capability {seen.capability[0]}.{seen.capability[1]}), but the cell "
-                f"is {arch.describe()} (capability {arch.capability[0]}.{arch.capability[1]})")
-    no_cache = cell.mode.env.get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"
+                f"is {arch} (capability {capability[0]}.{capability[1]})")
     if no_cache and seen.reserved_after_free != 0:
-        return (f"mode {cell.mode.name} sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, yet the allocator still "
+        return (f"mode {mode} sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, yet the allocator still "
                 f"reserved {seen.reserved_after_free} bytes after the tensor was freed: the mode did not take "
                 "effect, so this cell would not reproduce allocator-dependent bugs")
     if not no_cache and seen.reserved_after_free == 0:
-        return (f"mode {cell.mode.name} expects the caching allocator, but nothing stayed reserved after a "
+        return (f"mode {mode} expects the caching allocator, but nothing stayed reserved after a "
                 "free: something disabled caching behind the matrix's back")
     return None

@@ -16,23 +16,31 @@ from quantmatrix.schema.model import Case, MoeBackend
 def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBackend],
                    kf: KernelFormat | None) -> Verdict:
     ck, arch = case.cell.checkpoint, case.cell.arch
+    if (build.layer is None or kf is None) and ck.expectation("resolves_to") == "rejected":
+        return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
     if build.layer is None or kf is None:
-        if ck.expectation("resolves_to") == "rejected":
-            return Verdict.skip("vLLM refuses this config, as the matrix expects: there is no layer to convert")
-        return Verdict.fail(case, f"vLLM refused to build the MoE layer: {build.error}")
+        return Verdict.fail(case, kernel_problem(build, backends, kf, arch.describe(), "any") or "")
     if kf.needs_cuda:
         return Verdict.skip(kf.needs_cuda)
-    on = f"backend {build.layer.backend} on {arch.describe()}"
     properties = [(P.QUANT_CONFIG, kf.quant_config or ""), (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))]
+    wanted = ck.expectation("activation_scales", arch, default="any")
+    return Verdict.of(case, kernel_problem(build, backends, kf, arch.describe(), wanted), properties)
+
+
+def kernel_problem(build: LayerBuild, backends: Mapping[str, MoeBackend], kf: KernelFormat | None, arch: str,
+                   activation_scales: str) -> str | None:
+    """What is wrong with the kernel format of the layer built on `arch` (a conversion that needs CUDA is no
+    verdict: the caller skips it first), or None."""
+    if build.layer is None or kf is None:
+        return f"vLLM refused to build the MoE layer: {build.error}"
+    on = f"backend {build.layer.backend} on {arch}"
     backend = backends.get(build.layer.backend)
     if kf.quant_config is None:
-        problem: str | None = (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what "
-                               "the kernel reads")
-    elif backend is None:
-        problem = f"{on}: backend {build.layer.backend} is not described under moe_backends"
-    else:
-        problem = _problem(on, kf, backend, ck.expectation("activation_scales", arch, default="any"))
-    return Verdict.of(case, problem, properties)
+        return (f"{on}: vLLM built no fused-MoE quant config after conversion, so nothing says what the kernel "
+                "reads")
+    if backend is None:
+        return f"{on}: backend {build.layer.backend} is not described under moe_backends"
+    return _problem(on, kf, backend, activation_scales)
 
 
 def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: str) -> str | None:

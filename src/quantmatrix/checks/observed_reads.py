@@ -15,17 +15,26 @@ from quantmatrix.schema.model import Case, MoeBackend
 
 def observed_reads_verdict(case: Case, observation: Observation, backends: Mapping[str, MoeBackend]) -> Verdict:
     on = f"backend {observation.backend or '?'} on {case.cell.arch.describe()}"
+    problem = observed_problem(on, observation, backends)
+    backend = backends.get(observation.backend or "")
+    if observation.error or backend is None:
+        return Verdict.fail(case, problem or "")
+    held = frozenset(observation.changed)
+    properties = [(P.MOE_BACKEND, backend.name), (P.OBSERVED_READS, ",".join(sorted(observation.read))),
+                  (P.DECLARED_READS, ",".join(sorted(backend.reads))), (P.ROLES_HELD, ",".join(sorted(held)))]
+    return Verdict.of(case, problem, properties)
+
+
+def observed_problem(on: str, observation: Observation, backends: Mapping[str, MoeBackend]) -> str | None:
+    """The roles the kernel was seen to read against the backend's declared `reads:`, among the roles held."""
     if observation.error:
-        return Verdict.fail(case, f"{on}: nothing could be observed: {observation.error}")
+        return f"{on}: nothing could be observed: {observation.error}"
     backend = backends.get(observation.backend or "")
     if backend is None:
-        return Verdict.fail(case, f"{on}: backend {observation.backend} is not described under moe_backends, so "
-                                  "there is no `reads:` to test")
-    held = frozenset(observation.changed)
-    declared = backend.reads & held
+        return (f"{on}: backend {observation.backend} is not described under moe_backends, so there is no "
+                "`reads:` to test")
+    declared = backend.reads & frozenset(observation.changed)
     seen = observation.read
-    properties = [(P.MOE_BACKEND, backend.name), (P.OBSERVED_READS, ",".join(sorted(seen))),
-                  (P.DECLARED_READS, ",".join(sorted(backend.reads))), (P.ROLES_HELD, ",".join(sorted(held)))]
     problems = []
     for role in sorted(seen - declared):
         problems.append(f"the kernel reads {role} ({', '.join(observation.tensors[role])}: poisoning it changed "
@@ -35,4 +44,4 @@ def observed_reads_verdict(case: Case, observation: Observation, backends: Mappi
         problems.append(f"moe_backends.{backend.name}.reads lists {role}, but poisoning "
                         f"{', '.join(observation.tensors[role])} left the output unchanged: the kernel does not "
                         "read it")
-    return Verdict.of(case, f"{on}: " + "; ".join(problems) if problems else None, properties)
+    return f"{on}: " + "; ".join(problems) if problems else None

@@ -16,10 +16,10 @@ import tempfile
 import traceback
 
 from quantmatrix.bounded import shown
-from quantmatrix.cli import bisect, checkpoints, matrix, report
+from quantmatrix.cli import bisect, checkpoints, ci, initcheck, matrix, report, repro
 from quantmatrix.errors import QuantmatrixError
 
-_MODULES = (matrix, report, checkpoints, bisect)
+_MODULES = (matrix, report, checkpoints, bisect, initcheck, repro, ci)
 
 
 def parser() -> argparse.ArgumentParser:

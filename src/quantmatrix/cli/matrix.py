@@ -14,6 +14,7 @@ from typing import Any
 from quantmatrix.adapter import health
 from quantmatrix.adapter.versions import versions
 from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.host import sanitizer
 from quantmatrix.host.detect import detect
 from quantmatrix.pytest_plugin.options import HEALTH_TIMEOUT, RUN_ID_ENV
 from quantmatrix.schema.load import DEFAULT_MATRIX, load
@@ -73,6 +74,11 @@ def cmd_detect(args: argparse.Namespace) -> int:
     print(f"gpu-tier markers this host satisfies: {' '.join(markers) if markers else 'none'}")
     for key, value in versions().items():
         print(f"{key}: {value}")
+    sanitized = [md.name for md in m.modes if md.sanitizer is not None]
+    if sanitized:
+        exe = sanitizer.find()
+        print(f"compute-sanitizer: {exe}" if exe else f"compute-sanitizer: none ({sanitizer.missing()}); mode(s) "
+              f"{', '.join(sanitized)} will be skipped")
     if versions()["vllm_distribution"] == "none":
         print("vllm_health: no vLLM installed (vLLM-needing cases will be skipped)")
         return 0

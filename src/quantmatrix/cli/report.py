@@ -21,6 +21,7 @@ from typing import Any
 
 from quantmatrix.errors import ReportError
 from quantmatrix.report.build import build
+from quantmatrix.report.links import find_bundles
 from quantmatrix.report.read import find_inputs
 from quantmatrix.report.write import write
 
@@ -41,6 +42,9 @@ def register(sub: Any) -> None:
     p.add_argument("--provisioned", metavar="ARCHS", help="the archs that have a runner, comma- or space-separated "
                    "(the nightly passes the repository variable QM_PROVISIONED_ARCHS): a provisioned arch with no "
                    "results is lost coverage, a missing case of any other arch is not (default: every arch counts)")
+    p.add_argument("--bundles", action="append", type=Path, metavar="DIR", help="where the runners' repro bundles "
+                   "(`quantmatrix repro --failed`) were downloaded; each red case links its own (default: searched "
+                   "in the run directories); repeatable")
     p.add_argument("--allow-bad-inputs", action="store_true",
                    help="a JUnit file that cannot be read does not fail the command (a partial night)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel parsers (default: CPUs)")
@@ -68,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     provisioned = frozenset(args.provisioned.replace(",", " ").split()) if args.provisioned is not None else None
     report = build(files, args.previous, night=args.night or date.isoformat(), date=date, history=args.history,
                    jobs=max(1, args.jobs), bad=bad, provisioned=provisioned)
+    report.bundles = find_bundles(args.bundles or [Path(i) for i in args.inputs], args.out)
     paths = write(report, args.out, max(1, args.jobs))
     d = report.diff
     untested = len(d["newly_skipped"]) + len(d["newly_missing"])

@@ -48,11 +48,12 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         from quantmatrix.adapter import engine as adapter
-        from quantmatrix.engine import poison
+        from quantmatrix.engine import params, poison
         from quantmatrix.engine.inspect import inspect_model
 
         adapter.import_engine()
         poison.register(source="engine_child")
+        params.register(source="engine_child")
         timings["import_s"] = time.perf_counter() - start
         stage = "load"
         t = time.perf_counter()
@@ -90,10 +91,13 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__mp_main__":
     # vLLM spawns its engine-core and worker processes, which import this module under that name: installing
-    # the poison seam here puts it into every engine process even where the entry point is not installed.
+    # the poison seam (and the sanitize mode's parameter record) here puts it into every engine process even where
+    # the entry point is not installed.
+    from quantmatrix.engine import params as _params
     from quantmatrix.engine import poison as _poison
 
     _poison.register(source="engine_child")
+    _params.register(source="engine_child")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -26,9 +26,20 @@ from typing import Any
 
 import quantmatrix
 from quantmatrix.atomic import dump_json, write_atomic
-from quantmatrix.engine.protocol import CHILD_MODULE, ENGINE_ENV, GUARD_ENV, GUARD_RAN, MODE_ONLY_ENV, POISON_ENV
+from quantmatrix.engine.protocol import (
+    CHILD_MODULE,
+    ENGINE_ENV,
+    GUARD_ENV,
+    GUARD_RAN,
+    MODE_ONLY_ENV,
+    POISON_ENV,
+    RECORD_ENV,
+    SANITIZER_LOG,
+)
+from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.model import Cell
+from quantmatrix.schema.sanitizer import Sanitizer
 
 LOG_TAIL_LINES = 40
 _STARTED = "started"
@@ -84,6 +95,10 @@ class GroupRun:
             key = f"{layer['quant_method']}/{layer['backend']}"
             seen[key] = seen.get(key, 0) + 1
         return ", ".join(f"{k} x{n}" for k, n in seen.items()) or "no MoE layer seen"
+
+    def sanitizer_logs(self) -> list[Path]:
+        """compute-sanitizer's reports of this run, one per process (empty for a run without a sanitizer)."""
+        return sorted(self.directory.glob(SANITIZER_LOG.replace("%p", "*")))
 
     def guard_ran(self) -> bool:
         """Whether the engine log holds the guard's `ran` line (read whole: it is this run's own log)."""
@@ -165,17 +180,55 @@ def child_env(e2e: E2E, cell: Cell, platform: str, base: Mapping[str, str]) -> d
     env.update(plat.env if plat else {})
     env.update(ENGINE_ENV)
     env.update(cell.mode.env)
+    if cell.mode.sanitizer is not None:
+        env[RECORD_ENV] = "1"
     src = str(Path(quantmatrix.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]])
     return env
 
 
-def build_request(e2e: E2E, cell: Cell, model: Path, platform: str,
-                  task_prompts: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"cell": cell.id, "model": str(model), "engine_args": engine_args(e2e, cell, platform),
-            "prompts": [*e2e.prompts, *task_prompts], "greedy_prompts": len(e2e.prompts),
-            "max_tokens": e2e.max_tokens, "logprobs": e2e.logprobs, "platform": platform,
-            "poison": cell.mode.env.get(POISON_ENV), "guard": cell.mode.env.get(GUARD_ENV)}
+def build_request(e2e: E2E, cell: Cell, model: Path, platform: str, task_prompts: tuple[str, ...] = (),
+                  sanitizer: Path | None = None) -> dict[str, Any]:
+    """The child's request. A sanitized mode generates for its first `prompts` e2e prompts only (no task prompts)
+    and carries the wrapper's command line, `sanitizer` being the runner's compute-sanitizer."""
+    request = {"cell": cell.id, "model": str(model), "engine_args": engine_args(e2e, cell, platform),
+               "prompts": [*e2e.prompts, *task_prompts], "greedy_prompts": len(e2e.prompts),
+               "max_tokens": e2e.max_tokens, "logprobs": e2e.logprobs, "platform": platform,
+               "poison": cell.mode.env.get(POISON_ENV), "guard": cell.mode.env.get(GUARD_ENV),
+               "sanitizer": None}
+    knob = cell.mode.sanitizer
+    if knob is None:
+        return request
+    if sanitizer is None:
+        raise QuantmatrixError(f"mode {cell.mode.name} runs the engine under compute-sanitizer, and none was given")
+    prompts = list(e2e.prompts[:knob.prompts])
+    return {**request, "prompts": prompts, "greedy_prompts": len(prompts), "max_tokens": knob.max_tokens,
+            "sanitizer": sanitizer_request(knob, sanitizer)}
+
+
+def sanitizer_request(knob: Sanitizer, executable: Path) -> dict[str, Any]:
+    """The wrapper part of a request: the runner's compute-sanitizer, the knob's tool and flags."""
+    return {"tool": knob.tool, "argv": [str(executable), "--tool", knob.tool, *knob.flags]}
+
+
+def timeout_s(e2e: E2E, cell: Cell) -> float:
+    """The engine run's limit: the sanitizer's own where the mode states one."""
+    knob = cell.mode.sanitizer
+    return knob.timeout_s if knob is not None and knob.timeout_s is not None else e2e.timeout_s
+
+
+def command(request: dict[str, Any], directory: Path) -> list[str]:
+    """The child's command line: `python -m CHILD_MODULE REQUEST RESULT`, under the request's sanitizer (its log
+    one file per process in `directory`) where there is one."""
+    child = [sys.executable, "-m", CHILD_MODULE, str(directory / "request.json"), str(directory / "result.json")]
+    return wrapped(request.get("sanitizer"), directory, child)
+
+
+def wrapped(sanitizer: dict[str, Any] | None, directory: Path, child: list[str]) -> list[str]:
+    """`child` under a request's sanitizer (sanitizer_request), its log one file per process in `directory`."""
+    if not sanitizer:
+        return child
+    return [*sanitizer["argv"], "--log-file", str(directory / SANITIZER_LOG), *child]
 
 
 def run_child(request: dict[str, Any], directory: Path, env: Mapping[str, str], timeout_s: float) -> GroupRun:
@@ -185,12 +238,13 @@ def run_child(request: dict[str, Any], directory: Path, env: Mapping[str, str], 
     req_path, result_path, log = directory / "request.json", directory / "result.json", directory / "engine.log"
     write_atomic(req_path, dump_json(request))
     result_path.unlink(missing_ok=True)
+    for old in directory.glob(SANITIZER_LOG.replace("%p", "*")):
+        old.unlink()
     start = time.perf_counter()
     timed_out = False
     with log.open("w", encoding="utf-8") as out:
-        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, str(req_path), str(result_path)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True)
+        proc = subprocess.Popen(command(request, directory), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=dict(env), start_new_session=True)
         try:
             returncode: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -69,14 +69,13 @@ def digest(state: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def dequant_error(state: dict[str, Any], bf16_dir: Path) -> LogitError:
+def dequant_error(state: dict[str, Any], bf16_dir: Path, prompts: list[str]) -> LogitError:
     """Logits of the decoded model (built from the bf16 model's config.json, every tensor required) against the
-    bf16 model's own, on the prompts the factory ships."""
+    bf16 model's own, on `prompts` (the ones the factory ships: checkpoints.base.prompts)."""
     import tempfile
 
     from quantmatrix.checkpoints import base
 
-    prompts = base.prompts()
     ids = base.encode(bf16_dir, prompts)
     ref = base.logits(base.load_hf(bf16_dir), ids)
     with tempfile.TemporaryDirectory(prefix="quantmatrix-dequant-") as tmp:

@@ -30,13 +30,22 @@ def hf_greedy(path: Path, spec: SyntheticSpec) -> HfGreedy:
     """from_pretrained and its checkpoint conversion against a forward the write/load path took no part in."""
     from quantmatrix.checkpoints import base
 
+    prompts, factory_ids, in_memory = factory_greedy(spec)
+    ids = base.encode(path, prompts)
+    if ids != factory_ids:
+        return HfGreedy(prompts, False, [], [])
+    return HfGreedy(prompts, True, base.greedy(base.load_hf(path), ids), in_memory)
+
+
+def factory_greedy(spec: SyntheticSpec) -> tuple[list[str], list[list[int]], list[list[int]]]:
+    """The shipped prompts, their ids under the factory's own tokenizer, and the greedy continuation of the
+    spec's weights built in memory (never saved): what hf_reference holds the files against."""
+    from quantmatrix.checkpoints import base
+
     made = store.contents(spec)
     prompts = base.prompts()
-    ids = base.encode(path, prompts)
-    if ids != base.encode(made.tokenizer, prompts):
-        return HfGreedy(prompts, False, [], [])
-    in_memory = base.greedy(base.in_memory(spec.model, made.json_files["config.json"], made.tensors), ids)
-    return HfGreedy(prompts, True, base.greedy(base.load_hf(path), ids), in_memory)
+    ids = base.encode(made.tokenizer, prompts)
+    return prompts, ids, base.greedy(base.in_memory(spec.model, made.json_files["config.json"], made.tensors), ids)
 
 
 def transformers_greedy(model_dir: Path, prompts: Sequence[str], max_tokens: int, k: int) -> dict[str, Any]:

@@ -29,7 +29,10 @@ from quantmatrix.checkpoints import store
 from quantmatrix.checks import e2e as checks_e2e
 from quantmatrix.checks import quality
 from quantmatrix.engine import references, runner
+from quantmatrix.host import sanitizer
 from quantmatrix.measure import hf
+from quantmatrix.measure import sanitized as measure_sanitized
+from quantmatrix.measure.sanitized import Sanitized
 from quantmatrix.pytest_plugin.options import UPDATE_REFERENCES
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings, case_of, xdist_group
 from quantmatrix.schema.e2e import E2E
@@ -211,12 +214,15 @@ def engine_runs(request: pytest.FixtureRequest, e2e: E2E, engine_checkpoint: Eng
     """Run (or reuse) the engine group of a cell of this checkpoint: one start per group per session,
     whichever worker asks."""
     s = request.config.stash[E2E_SETTINGS]
+    given = request.config.stash[SETTINGS].compute_sanitizer
 
     def run(cell: Cell) -> runner.GroupRun:
-        prompts = tuple(t["prompt"] for t in checks_e2e.tasks(cell.checkpoint))
-        req = runner.build_request(e2e, cell, engine_checkpoint.path, s.platform, prompts)
+        sanitized = cell.mode.sanitizer is not None
+        prompts = () if sanitized else tuple(t["prompt"] for t in checks_e2e.tasks(cell.checkpoint))
+        exe = sanitizer.find(given) if sanitized else None
+        req = runner.build_request(e2e, cell, engine_checkpoint.path, s.platform, prompts, exe)
         env = runner.child_env(e2e, cell, s.platform, os.environ)
-        return s.store.get_or_run(req, env, e2e.timeout_s)
+        return s.store.get_or_run(req, env, runner.timeout_s(e2e, cell))
 
     return run
 
@@ -225,6 +231,14 @@ def engine_runs(request: pytest.FixtureRequest, e2e: E2E, engine_checkpoint: Eng
 def engine_run(case: Case, engine_runs: Callable[[Cell], runner.GroupRun]) -> runner.GroupRun:
     """This case's group run, shared by every check of the group."""
     return engine_runs(case.cell)
+
+
+@pytest.fixture
+def sanitized_run(engine_run: runner.GroupRun) -> Sanitized | None:
+    """The run's compute-sanitizer logs mapped through its workers' parameter records (None: no result to map)."""
+    if engine_run.result is None:
+        return None
+    return measure_sanitized.of_run(engine_run.sanitizer_logs(), engine_run.workers())
 
 
 @pytest.fixture

@@ -283,13 +283,14 @@ def hf_greedy(cell: Cell, checkpoint_dir: Path, quantmatrix_session: Session) ->
 def dequant_error(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session) -> LogitError:
     """The logits of the model the checkpoint's files decode to (vLLM's dequantization) against its bf16
     family's, once per distinct decoded model."""
+    from quantmatrix.checkpoints import base
     from quantmatrix.measure import dequant
 
     bf16 = store.base_of(cell.checkpoint)
     state = quantmatrix_session.once(("dequantized_state", checkpoint_dir),
                                      lambda: dequant.dequantized_state(checkpoint_dir))
     key = ("dequant_logits", dequant.digest(state), bf16)
-    return quantmatrix_session.once(key, lambda: dequant.dequant_error(state, bf16))
+    return quantmatrix_session.once(key, lambda: dequant.dequant_error(state, bf16, base.prompts()))
 
 
 @pytest.fixture

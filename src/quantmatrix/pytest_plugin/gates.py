@@ -13,6 +13,7 @@ from typing import NoReturn
 import pytest
 
 from quantmatrix.adapter.versions import engine_needs_gpu
+from quantmatrix.host import sanitizer
 from quantmatrix.pytest_plugin import health
 from quantmatrix.pytest_plugin.options import STRICT_HARDWARE, TIME_LIMIT
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings
@@ -77,6 +78,17 @@ def arch_absent(config: pytest.Config, case: Case) -> Stop | None:
                   f"needs {c.arch.describe()}; this host: {s.host.describe(s.matrix)}")
 
 
+def sanitizer_absent(config: pytest.Config, case: Case) -> Stop | None:
+    """An engine check in a mode that runs the engine under compute-sanitizer, on a host without one (a failure
+    under --strict-hardware: a runner that is supposed to sanitize)."""
+    s, mode = config.stash[SETTINGS], case.cell.mode
+    if mode.sanitizer is None or "engine" not in case.check.vllm or sanitizer.find(s.compute_sanitizer):
+        return None
+    why = sanitizer.missing(s.compute_sanitizer)
+    return strict(STRICT_HARDWARE.name, s.strict_hardware,
+                  f"mode {mode.name} runs the engine under compute-sanitizer ({mode.sanitizer.tool}); {why}")
+
+
 def engine_build(config: pytest.Config, case: Case) -> Stop | None:
     """A cpu-tier engine check on a host without a GPU needs vLLM's CPU build."""
     s = config.stash[SETTINGS]
@@ -98,7 +110,8 @@ def vllm_broken(config: pytest.Config, case: Case) -> Stop | None:
     return Stop(message, fail=True, properties=health.BROKEN_PROPERTIES) if message else None
 
 
-GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, engine_build, engine_gpus, vllm_broken)
+GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, sanitizer_absent, engine_build, engine_gpus,
+                          vllm_broken)
 
 
 def first_stop(config: pytest.Config, case: Case) -> Stop | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from quantmatrix.errors import OptionError
@@ -40,6 +42,13 @@ def _gpus(flag: str, value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise OptionError(f"{flag} needs a whole number of GPUs >= 1, not {value!r}")
     return int(value)
+
+
+def _executable(flag: str, value: str) -> Path:
+    path = Path(value).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise OptionError(f"{flag} needs the path of an executable file (compute-sanitizer), not {value!r}")
+    return path.resolve()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +91,9 @@ TIME_LIMIT = Flag("--time-limit", "after S seconds, skip every case not yet star
 UPDATE_REFERENCES = Flag("--update-references", "write the e2e references (outputs, accuracies) of the selected "
                                                 "cases from this trusted run, then check against them; without it "
                                                 "a missing reference fails its case")
+COMPUTE_SANITIZER = Flag("--compute-sanitizer", "the compute-sanitizer a mode with a `sanitizer:` knob wraps the "
+                                                "engine in (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)",
+                         _executable, metavar="PATH")
 
 FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, GPUS_PER_WORKER, TIME_LIMIT,
-         UPDATE_REFERENCES)
+         UPDATE_REFERENCES, COMPUTE_SANITIZER)

@@ -42,6 +42,7 @@ class Settings:
     gpus_per_worker: int | None  # each xdist worker's own GPUs (None: one each), pinned before detection
     run_id: str  # `quantmatrix run`'s id (QUANTMATRIX_RUN_ID), "" for a plain pytest run
     update_references: bool  # this run writes the e2e references (pytest_plugin.e2e)
+    compute_sanitizer: Path | None = None  # --compute-sanitizer (host.sanitizer looks further without it)
 
     def host_properties(self) -> list[tuple[str, str]]:
         """Per-case copies of the host facts: per-case properties survive xdist, testsuite ones do not."""
@@ -135,7 +136,7 @@ def resolve(config: pytest.Config) -> Settings:
         runner=os.environ.get("RUNNER_NAME") or socket.gethostname(), health_timeout=opt["vllm_health_timeout"],
         time_limit=limit, deadline=None if limit is None else time.monotonic() + limit,
         gpus_per_worker=opt["gpus_per_worker"], run_id=os.environ.get(RUN_ID_ENV, ""),
-        update_references=opt["update_references"])
+        update_references=opt["update_references"], compute_sanitizer=opt["compute_sanitizer"])
 
 
 def case_of(item: pytest.Item) -> Case | None:

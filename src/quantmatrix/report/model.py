@@ -132,6 +132,12 @@ class NightReport:
     cases: dict[str, CaseResult]
     diff: dict[str, Any]
     disagreements: list[dict[str, Any]]
+    bundles: dict[str, str] = dataclasses.field(default_factory=dict)  # case key -> its repro bundle (report.links)
+
+    def run_props(self, case: CaseResult) -> dict[str, str]:
+        """The case's properties over its JUnit file's testsuite ones (the vLLM under test, the matrix, the run)."""
+        suite = self.inputs[case.file].properties if case.file is not None else {}
+        return {**suite, **case.props}
 
     def vllm_version(self, case: CaseResult) -> str | None:
         v = case.prop(P.VLLM_VERSION)

@@ -254,9 +254,10 @@ def find_inputs(args: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
 MAX_DEPTH = 64  # directory levels below a run directory searched for *.xml (a runner writes one or two)
 
 
-def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
-    """Every *.xml entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH levels down (a run
-    directory nested 1,200 levels is a bad input, not a RecursionError); links to directories are not followed."""
+def _walk(root: Path, bad: list[dict[str, str]], ending: str = ".xml") -> Iterator[str]:
+    """Every *.xml (or other `ending`) entry under `root` (a directory excepted), iteratively, at most MAX_DEPTH
+    levels down (a run directory nested 1,200 levels is a bad input, not a RecursionError); links to directories
+    are not followed."""
     stack = [(root, 0)]
     while stack:
         d, depth = stack.pop()
@@ -272,8 +273,13 @@ def _walk(root: Path, bad: list[dict[str, str]]) -> Iterator[str]:
                                 "below the run directory: not searched"})
                 else:
                     stack.append((Path(e.path), depth + 1))
-            elif e.name.endswith(".xml"):  # a FIFO or device too: the bounded reader names it, never opens it
+            elif e.name.endswith(ending):  # a FIFO or device too: the bounded reader names it, never opens it
                 yield e.path
+
+
+def files_named(root: Path, name: str) -> list[str]:
+    """Every entry called `name` under the run directory `root`, searched as JUnit files are (_walk)."""
+    return sorted(f for f in _walk(root, [], name) if Path(f).name == name) if root.is_dir() else []
 
 
 def _utf8(name: str) -> bool:

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from quantmatrix import properties as P
+from quantmatrix.report import links
 from quantmatrix.report.crossarch import describe_disagreement
 from quantmatrix.report.diff import history_entries
 from quantmatrix.report.model import DISAGREE, DIVERGED, LOST, OUTCOMES, CaseResult, Grid, Input, NightReport
@@ -82,6 +83,7 @@ def _detail(report: NightReport, c: CaseResult) -> dict[str, Any]:
         det["waiver"] = {"reason": reason, "link": prop(P.WAIVER_LINK, ""), "expires": prop(P.WAIVER_EXPIRES, "")}
     if c.key in report.diff["bisect"]:
         det["bisect"] = report.diff["bisect"][c.key]
+    det.update({f"offer_{k}": v for k, v in links.offers(report, c).items()})
     if c.history:
         det["history"] = [[report.nights[j]["night"], o, v or ""]
                           for j, (o, v) in enumerate(history_entries(c.history))]

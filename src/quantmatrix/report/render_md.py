@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from quantmatrix import properties as P
+from quantmatrix.report import links
 from quantmatrix.report.crossarch import describe_disagreement
 from quantmatrix.report.model import DISAGREE, LOST, CaseResult, Grid, NightReport, cell_status
 
@@ -91,6 +92,12 @@ def _case_line(report: NightReport, c: CaseResult) -> str:
         line += " — newly skipped (coverage lost)"
     if "flaky" in c.tags:
         line += " — flaky" + (f" (attempts: {' → '.join(c.attempts)})" if c.attempts else "")
+    offered = links.offers(report, c)
+    if "bundle" in offered:
+        line += f" — [repro bundle]({offered['bundle']}/)"
+    for what in ("rerun", "bisect"):
+        if what in offered:
+            line += f"\n  - {what}: {_code(offered[what], 1500)}"
     return line
 
 
@@ -133,6 +140,8 @@ def render(report: NightReport, g: Grid) -> str:
     body += _section("Flaky", d["flaky"], case)
     body += _section("Cross-arch disagreements", report.disagreements,
                      lambda x: ("❌ " if x["red"] else "≈ ") + _text(describe_disagreement(x), 400))
+    uninit = [c for c in report.cases.values() if c.prop(P.UNINIT_OTHER_READS) is not None]
+    body += _section("Uninitialised reads (sanitize mode)", uninit, _uninit_line)
     # a case under a waiver never reads as a plain pass (it is waived, xpassed or failed): skip those fast
     waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop(P.WAIVER_REASON) is not None]
     body += _section("Waivers", waived, _waiver_line)
@@ -147,6 +156,23 @@ def render(report: NightReport, g: Grid) -> str:
     if len(report.inputs) > LIST_LIMIT:
         runs.append(f"| … and {len(report.inputs) - LIST_LIMIT} more files | | | | | | |")
     return bounded("\n".join(head + table + body + runs) + "\n")
+
+
+def _uninit_line(c: CaseResult) -> str:
+    """A sanitized cell: the model's tensors read where nobody wrote (failed), silenced ones, and the count of
+    other uninitialised reads (scratch/activation memory) per kernel."""
+    found = P.decode_json(c.prop(P.UNINIT_PARAM_READS), list) or []
+    silenced = P.decode_json(c.prop(P.UNINIT_SILENCED), list) or []
+    other = P.decode_json(c.prop(P.UNINIT_OTHER_READS), dict) or {}
+    names = ", ".join(_text(f"{f.get('tensor')} (experts {f.get('experts') or '-'}, reads: {f.get('reads')})", 120)
+                      for f in found[:3] if isinstance(f, dict))
+    line = f"{_code(c.key)} **{c.outcome}**: {len(found)} tensor(s) of the model read where nobody wrote"
+    line += f": {names}" if names else ""
+    if silenced:
+        line += f"; {len(silenced)} silenced"
+    reads = sum(n for n in other.values() if type(n) is int)
+    top = ", ".join(f"{_code(str(k), 60)} ×{n}" for k, n in list(other.items())[:3])
+    return line + f"; {reads} other reads (scratch/activation) in {len(other)} kernel(s)" + (f": {top}" if top else "")
 
 
 def _waiver_line(c: CaseResult) -> str:

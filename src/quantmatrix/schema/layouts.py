@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from quantmatrix.schema.yamldoc import Doc, Field, as_bool, int_at_least
+from quantmatrix.schema.yamldoc import Doc, Field, as_bool, int_at_least, one_of
 
 SCOPES = ("serving", "every")  # the layouts a check runs under: the checkpoint's serving one, or every one
 
@@ -48,6 +48,9 @@ class Layout:
         return not any(s.matches(cell) for s in self.except_cells)
 
 
+CHECK_FIELD = Field(one_of(SCOPES), "serving (the checkpoint's serving layout, default) or every (each layout the "
+                    "matrix checks, rank by rank)", required=False, default="serving")  # a check's `layouts`
+
 FIELDS = {
     "tp": Field(int_at_least(1), "ranks (tensor_parallel_size)"),
     "ep": Field(as_bool, "experts split whole over the ranks (enable_expert_parallel)", required=False,
@@ -80,3 +83,8 @@ def narrowed(doc: Doc, declared: list[tuple[Layout, dict[str, Any], str]],
     return tuple(dataclasses.replace(lay, **{key: many(doc.sequence(r[key], f"{what}.{key}"), f"{what}.{key}")
                                              for key in ("cells", "except_cells") if r[key] is not None})
                  for lay, r, what in declared)
+
+
+def names(declared: list[tuple[Layout, dict[str, Any], str]], checkpoints: Any) -> list[str]:
+    """Every layout name a selector may use: the declared layouts' and the checkpoints' serving ones."""
+    return list(dict.fromkeys([*(lay.name for lay, _, _ in declared), *(c.serving.name for c in checkpoints)]))

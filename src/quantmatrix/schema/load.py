@@ -17,7 +17,7 @@ import yaml
 from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields, layouts, limits
+from quantmatrix.schema import e2e, fields, layouts, limits, sanitizer
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -156,9 +156,11 @@ def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
             "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
             "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
             "label": Field(_LABEL, "what the mode reproduces"),
+            "sanitizer": Field(sanitizer.parse, "run the engine child under compute-sanitizer (tool, flags, "
+                               "prompts, max_tokens, silence)", required=False),
         })
         _unique(doc, seen, r["name"], r["@name"], "mode")
-        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"]))
+        modes.append(Mode(r["name"], r["env"], r["engine_args"], r["label"], r["sanitizer"]))
     return tuple(modes)
 
 
@@ -191,8 +193,7 @@ _CHECK_FIELDS = {
     "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host", required=False),
     "vllm": Field(list_of(one_of(VLLM_PARTS)), "parts of the vLLM under test it imports (default: none)",
                   required=False),
-    "layouts": Field(one_of(layouts.SCOPES), "serving (the checkpoint's serving layout, default) or every (each "
-                     "layout the matrix checks, rank by rank)", required=False, default="serving"),
+    "layouts": layouts.CHECK_FIELD,
     "description": Field(as_text, "what it proves"),
 }
 _NARROWING = ("cells", "except_cells", "cpu_cells")
@@ -363,7 +364,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
         "mode": [m.name for m in modes],
-        "layout": list(dict.fromkeys([*(lay.name for lay, _, _ in declared), *(c.serving.name for c in checkpoints)])),
+        "layout": layouts.names(declared, checkpoints),
         "scheme": list(schemes),
         "producer": list(PRODUCERS),
         "check": list(checks),
@@ -373,13 +374,13 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     settings = None
     if top["e2e"] is not None:
         settings = e2e.parse(doc, top["e2e"], [m.name for m in modes])
+        sanitizer.check_prompts(doc, top["modes"], modes, len(settings.prompts), settings.prompts_file)
         e2e.check_top_k(settings, [(doc.where(n), s.name, s.expect) for s, n in
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
-    checked = layouts.narrowed(doc, declared, sel.many)
     matrix = Matrix(doc.path, archs, modes, schemes, checks, checkpoints, backends,
                     sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings,
-                    checked)
+                    layouts.narrowed(doc, declared, sel.many))
     _check_marker_clashes(doc, top, matrix)
     return matrix
 

@@ -17,6 +17,7 @@ from typing import Any
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema.e2e import E2E
 from quantmatrix.schema.layouts import Layout
+from quantmatrix.schema.sanitizer import Sanitizer
 from quantmatrix.schema.vocab import TIERS
 from quantmatrix.schema.yamldoc import closest
 
@@ -44,12 +45,14 @@ class Arch:
 
 @dataclasses.dataclass(frozen=True)
 class Mode:
-    """An allocator / execution mode: environment for the engine process plus engine arguments."""
+    """An allocator / execution mode: environment for the engine process plus engine arguments, and whether the
+    engine child runs under compute-sanitizer (`sanitizer`, a named knob: schema.sanitizer)."""
 
     name: str
     env: Mapping[str, str]
     engine_args: Mapping[str, Any]
     label: str
+    sanitizer: Sanitizer | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,6 +102,10 @@ function caseBlock(i) {
   if (d.bisect) box.append(el("div", {class: "bisect"}, d.bisect.last_passed_night ? "last passed " +
     d.bisect.last_passed_night + " (vLLM " + (d.bisect.last_passed_vllm || "?") + ") \u2192 " + now :
     "no pass in the nights kept; " + now));
+  if (d.offer_bundle) box.append(el("div", {class: "offer"}, el("a", {href: d.offer_bundle + "/"}, "repro bundle"),
+    " (repro.py runs without quantmatrix; ISSUE.md is the issue body)"));
+  for (const [k, label] of [["offer_rerun", "rerun this case locally"], ["offer_bisect", "bisect"]])
+    if (d[k]) box.append(el("div", {class: "offer"}, label + ": ", el("code", {}, d[k])));
   if (d.waiver) {
     const w = el("div", {class: "waiver"}, "waiver: " + d.waiver.reason + " (expires " +
       d.waiver.expires + ") ");
