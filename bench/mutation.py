@@ -31,6 +31,8 @@ MODULES: dict[str, list[str]] = {
     "src/quantmatrix/checks/quality.py": ["tests/test_oracle_branches.py", "tests/test_verdict_branches.py"],
     "src/quantmatrix/checks/e2e.py": ["tests/test_verdicts.py"],
     "src/quantmatrix/checks/audit.py": ["tests/test_audit_branches.py"],
+    "src/quantmatrix/checks/ranks.py": ["tests/test_rank_verdicts.py"],
+    "src/quantmatrix/measure/split.py": ["tests/test_split.py"],
     "src/quantmatrix/measure/findings.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/measure/loaded.py": ["tests/test_audit_branches.py"],
     "src/quantmatrix/checks/expected.py": ["tests/test_audit_branches.py", "tests/test_lint_branches.py"],

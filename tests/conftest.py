@@ -48,10 +48,11 @@ def pytest_collection_modifyitems(items):
         cell = params["cell"]
         checkpoint, _, arch_mode = cell.rpartition("@")
         arch, _, mode = arch_mode.partition("-")
+        mode, _, layout = mode.partition("-")  # a layout other than the serving one ends the cell id
         check = item.originalname.removeprefix("test_")
         behaviour = SPEC["outcomes"].get(f"{check}[{cell}]", "pass")
         props = {P.CHECKPOINT: checkpoint, P.SCHEME: SPEC["schemes"].get(checkpoint, "nvfp4_weight_only"),
-                 P.PRODUCER: "modelopt", P.ARCH: arch, P.MODE: mode, P.CHECK: check,
+                 P.PRODUCER: "modelopt", P.ARCH: arch, P.MODE: mode, P.LAYOUT: layout or "tp1", P.CHECK: check,
                  P.KIND: "e2e" if check.startswith("e2e") else "dispatch", P.TIER: "cpu", P.CELL: cell,
                  P.VLLM_VERSION: HOST[P.VLLM_VERSION], P.TORCH_VERSION: HOST[P.TORCH_VERSION],
                  P.PLATFORM: "cpu", P.DEVICE_NAME: SPEC["devices"].get(arch, ""), P.DEVICE_CAPABILITY: "",

@@ -52,10 +52,10 @@ def test_describe_names_one_expert_several_experts_or_none_and_the_detail():
 
 
 def test_ranges_sorts_and_joins_runs():
-    assert loaded._ranges([]) == ""
-    assert loaded._ranges([4]) == "4"
-    assert loaded._ranges([5, 3, 4, 9, 1]) == "1,3-5,9"
-    assert loaded._ranges([0, 1]) == "0-1"
+    assert loaded.ranges([]) == ""
+    assert loaded.ranges([4]) == "4"
+    assert loaded.ranges([5, 3, 4, 9, 1]) == "1,3-5,9"
+    assert loaded.ranges([0, 1]) == "0-1"
 
 
 def test_report_splits_read_holes_unusable_values_and_notes():

@@ -340,7 +340,7 @@ ROUND2_MATRICES = {
     "label-2mb": (lambda d: _edit(d, "label: B200", "label: " + "x" * 2_000_000),
                   r":9:12: archs\[0\].label: a label is one line of at most 200 characters, got 2000000"),
     "max-cells": (lambda d: _edit(d, "version: 1", "version: 1\nmax_cells: 10"),
-                  r"the matrix has \d+ cells \(checkpoints x archs x modes\), over its max_cells of 10"),
+                  r"the matrix has \d+ cells \(checkpoints x archs x modes x layouts\), over its max_cells of 10"),
     # a regex no engine here can run, or Python's could not compile
     "rejected-because-lookahead": (lambda d: _edit(d, '"Unknown ModelOpt quant algo: W4A16_NVFP4"', '"(?=x)"'),
                                    r"rejected_because: not a regular expression RE2 matches in linear time"),

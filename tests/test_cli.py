@@ -6,7 +6,7 @@ from pathlib import Path
 
 import junitparser
 import pytest
-from matrixkit import write
+from matrixkit import SMALL, write
 
 from quantmatrix import cli
 from quantmatrix import properties as P
@@ -28,6 +28,10 @@ def test_list_prints_every_cell_with_its_checks(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tiny-wo@sm121-nocache" in out and "cpu_probe(cpu), gpu_probe(gpu)" in out
     assert out.rstrip().endswith(f"12 cells, 18 cases from {tmp_path / 'm.yaml'}")
+    assert out.splitlines()[0].split() == ["CELL", "SCHEME", "PRODUCER", "ARCH", "MODE", "LAYOUT", "CHECKS"]
+    assert cli.main(["list", "--matrix", str(write(tmp_path, SMALL + "layouts:\n  - {tp: 2, ep: true}\n"))]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny-wo@sm121-nocache-tp2_ep"))
+    assert row.split()[-2:] == ["nocache", "tp2_ep"]  # no check runs outside the serving layout there
 
 
 def test_detect_names_the_markers_this_host_satisfies_with_cuda_queries_faked(tmp_path, capsys, no_cuda,

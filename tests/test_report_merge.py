@@ -62,6 +62,22 @@ def test_case_and_suite_properties_survive_with_and_without_xdist(junit_suite: S
     assert case.props[P.DEVICE_NAME] == "NVIDIA GB10"
 
 
+def test_a_layout_other_than_the_serving_one_is_its_own_row(junit_suite: SuiteRunner, tmp_path: Path) -> None:
+    """The plugin's `layout` property and a cell id ending in it put a tp2 case on its own grid row, beside the
+    checkpoint's serving row, in matrix.md."""
+    cells = ["mixtral-tiny-nvfp4-w4a4@sm100-default", "mixtral-tiny-nvfp4-w4a4@sm100-default-tp2"]
+    junit_suite.run("layouts", cells, outcomes={"config_dispatch[mixtral-tiny-nvfp4-w4a4@sm100-default-tp2]": "fail"})
+    report = report_of(junit_suite.last)
+    serving, tp2 = (report.cases[f"test_suite::test_config_dispatch[{c}]"] for c in cells)
+    assert (serving.props[P.LAYOUT], tp2.props[P.LAYOUT]) == ("tp1", "tp2")
+    assert serving.axes[:3] == ("mixtral-tiny-nvfp4-w4a4", "sm100", "default")
+    assert tp2.axes[:3] == ("mixtral-tiny-nvfp4-w4a4 [tp2]", "sm100", "default")
+    write(report, tmp_path / "out")
+    rows = [r for r in (tmp_path / "out" / "matrix.md").read_text().splitlines() if r.startswith("| mixtral")]
+    assert [r.split(" | ")[0] for r in rows] == ["| mixtral-tiny-nvfp4-w4a4", r"| mixtral-tiny-nvfp4-w4a4 \[tp2\]"]
+    assert "❌" in rows[1] and "❌" not in rows[0]
+
+
 def test_record_testsuite_property_is_lost_under_xdist_but_stamping_is_not(junit_suite: SuiteRunner) -> None:
     """pytest's caveat is real: record_testsuite_property writes nothing under -n 2, which is why suite
     properties are stamped into the finished file by the controller instead."""
@@ -264,11 +280,12 @@ def test_a_failure_in_the_writer_child_is_an_error_not_a_silent_gap(junit_suite:
 
 def test_cases_without_plugin_properties_are_placed_by_their_name(pytester: pytest.Pytester) -> None:
     """A plain pytest file (no quantmatrix properties) still lands in the right grid cell, parsed from
-    `test_<check>[<checkpoint>@<arch>-<mode>]`; unknown shapes go to a '(none)' cell instead of crashing."""
+    `test_<check>[<checkpoint>@<arch>-<mode>]` (a layout other than the serving one, `-<layout>` at the end, gets
+    its own row); unknown shapes go to a '(none)' cell instead of crashing."""
     pytester.makepyfile(test_plain='''
 import pytest
 
-@pytest.mark.parametrize("cell", ["gpt-oss-tiny@sm90-poison_zero", "weird"])
+@pytest.mark.parametrize("cell", ["gpt-oss-tiny@sm90-poison_zero", "weird", "gpt-oss-tiny@sm90-default-tp2_ep"])
 def test_lint(cell):
     pass
 ''')
@@ -276,7 +293,8 @@ def test_lint(cell):
     pytester.runpytest("-p", "no:quantmatrix", f"--junitxml={xml}", "-o", "junit_family=xunit1")
     axes = sorted(c.axes for c in report_of(xml).cases.values())
     assert axes == [("(none)", "(none)", "(none)", "lint", ""),
-                    ("gpt-oss-tiny", "sm90", "poison_zero", "lint", "")]
+                    ("gpt-oss-tiny", "sm90", "poison_zero", "lint", ""),
+                    ("gpt-oss-tiny [tp2_ep]", "sm90", "default", "lint", "")]
 
 
 @pytest.mark.parametrize("argv, message", [

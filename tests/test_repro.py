@@ -69,6 +69,7 @@ checks:
   - {name: agreement, kind: e2e, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}
   - {name: mode_invariance, kind: e2e, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}
   - {name: task_accuracy, kind: e2e, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}
+  - {name: rank_shards, kind: audit, tier: cpu, cells: [{checkpoint: "none-*"}], description: not here}
 checkpoints:
   - {id: wo-claimed-w4a4, source: {synthetic: {model: qwen3_moe, input_activations: "null"}}, producer: modelopt,
      scheme: nvfp4_w4a4, expect: {quant_method: modelopt_fp4}}

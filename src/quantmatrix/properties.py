@@ -16,8 +16,9 @@ from typing import Any
 # ------------------------------------------------------------ the case's cell (the plugin, on every case)
 CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE = "checkpoint", "scheme", "producer", "arch", "mode"
 CHECK, KIND, TIER, CELL = "check", "kind", "tier", "cell"
+LAYOUT = "layout"  # the parallel layout (tp1, tp2, tp2_ep); a cell id ends in it when it is not the serving one
 # what names a case's cell rather than says what it measured
-CELL_PROPERTIES = frozenset({CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE, CHECK, KIND, TIER, CELL})
+CELL_PROPERTIES = frozenset({CHECKPOINT, SCHEME, PRODUCER, ARCH, MODE, LAYOUT, CHECK, KIND, TIER, CELL})
 
 # -------------------------------------- the host (every case, and the testsuite: per-case copies survive xdist)
 VLLM_VERSION, VLLM_DISTRIBUTION = "vllm_version", "vllm_distribution"
@@ -62,6 +63,10 @@ LOGIT_REL_ERROR, TOP1_AGREEMENT = "logit_rel_error", "top1_agreement"
 UNLOADED_UNREAD, AUDIT_NOTES = "unloaded_unread", "audit_notes"
 QUANT_CONFIG, ACTIVATION_SCALES_KEPT = "quant_config", "activation_scales_kept"
 OBSERVED_READS, DECLARED_READS, ROLES_HELD = "observed_reads", "declared_reads", "roles_held"
+# a parallel layout's ranks (checks.ranks): which experts each holds, how many slots matched the reference split,
+# slots no rule places, a liberty the ranks' builds took (adapter.parallel), vLLM's refusal of an impossible layout
+EXPERT_PLACEMENT, SHARDS_COMPARED, SHARD_NOTES = "expert_placement", "shards_compared", "shard_notes"
+LAYOUT_NOTE, LAYOUT_REFUSED = "layout_note", "layout_refused"
 # device_identity: what cuda:0 of the case's own child process is (the host's list is DEVICE_NAME)
 PROBED_DEVICE, PROBED_CAPABILITY = "probed_device", "probed_capability"
 RESERVED_AFTER_FREE = "reserved_after_free"

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter import config, simulate
+from quantmatrix.adapter import config, parallel, simulate
 from quantmatrix.adapter.versions import Span, pick
 from quantmatrix.errors import AdapterMismatch
 
@@ -77,9 +77,10 @@ _distributed_ready = False
 
 
 def _ensure_distributed(vllm_config: Any) -> None:
-    """A world-size-1 gloo group, once per process: vLLM's MoE layers read their parallel groups at build."""
+    """A world-size-1 gloo group, once per process: vLLM's MoE layers read their parallel groups at build (a rank
+    process has its own, adapter.parallel)."""
     global _distributed_ready
-    if _distributed_ready:
+    if _distributed_ready or parallel.active():
         return
     import tempfile
 
@@ -116,8 +117,8 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
     module, cls_name, sub = spec
     block_cls = getattr(importlib.import_module(module), cls_name)
     prefix = f"model.layers.{layer_index}.{sub}"
-    vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
-                             load_config=LoadConfig())
+    vllm_config = parallel.adopt(VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
+                                            load_config=LoadConfig()))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
         _ensure_distributed(vllm_config)
         if cls_name == "MixtralMoE":
@@ -183,11 +184,20 @@ def _recording_use_a16() -> Iterator[None]:
             cls.__init__ = original
 
 
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """What vLLM chose for a MoE block built in another process (a rank's, measure.ranks), as data."""
+
+    method: str
+    backend: str
+    weight_only: bool
+
+
 @dataclasses.dataclass
 class LayerBuild:
     """A built MoE layer, or why vLLM refused to build it (refusing can be the expected outcome)."""
 
-    layer: MoELayer | None
+    layer: MoELayer | Built | None
     error: str | None
     layers: list[MoELayer] = dataclasses.field(default_factory=list)  # every MoE layer, when asked for
     simulated_without: tuple[str, ...] = ()  # optional kernel packages hidden from vLLM for this build

@@ -81,18 +81,30 @@ def num_local_experts(module: Any) -> int:
     return n
 
 
+def moe_call(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A MoE weight_loader call's arguments by name: weight_loader(param, loaded_weight, weight_name, shard_id,
+    expert_id (global), return_success)."""
+    names = ("param", "loaded_weight", "weight_name", "shard_id", "expert_id")
+    bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    if "shard_id" not in bound or "expert_id" not in bound:
+        raise AdapterMismatch("RoutedExperts.weight_loader was called without shard_id/expert_id: update "
+                              "quantmatrix/adapter/loaders.py")
+    return bound
+
+
+def local_row(module: Any, expert: int) -> int:
+    """The row of a MoE layer's parameters that holds global expert `expert`; -1 where this rank holds none."""
+    return int(module._map_global_expert_id_to_local_expert_id(expert))
+
+
 def loader_call(module: Any, kind: str, args: tuple, kwargs: dict) -> tuple[Any, int | None]:
-    """(shard, local expert row) a weight_loader call writes. MoE: weight_loader(param, loaded_weight, weight_name,
-    shard_id, expert_id, return_success); linear: weight_loader(param, loaded_weight, loaded_shard_id=None)."""
+    """(shard, local expert row) a weight_loader call writes. MoE: see moe_call; linear: weight_loader(param,
+    loaded_weight, loaded_shard_id=None)."""
     if kind == "moe":
-        names = ("param", "loaded_weight", "weight_name", "shard_id", "expert_id")
-        bound = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
-        if "shard_id" not in bound or "expert_id" not in bound:
-            raise AdapterMismatch("RoutedExperts.weight_loader was called without shard_id/expert_id: update "
-                                  "quantmatrix/adapter/loaders.py")
+        bound = moe_call(args, kwargs)
         if getattr(bound["loaded_weight"], "dim", lambda: 0)() == 3:
             return bound["shard_id"], ALL_ROWS
-        return bound["shard_id"], module._map_global_expert_id_to_local_expert_id(bound["expert_id"])
+        return bound["shard_id"], local_row(module, bound["expert_id"])
     shard = args[2] if len(args) > 2 else kwargs.get("loaded_shard_id")
     return shard, None
 

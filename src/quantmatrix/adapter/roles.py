@@ -20,7 +20,19 @@ def leaf(param_name: str) -> str:
 # each expert row is loaded from, in both namings (Qwen/DeepSeek gate/up/down, Mixtral w1/w3/w2). The leaf after
 # `w13_`/`w2_` is the checkpoint's own leaf for both producers (weight_scale_2, input_global_scale, ...).
 _FUSED = re.compile(r"(?P<module>.+\.experts)(\.routed_experts)?\.(?P<fused>w13|w2)_(?P<leaf>\w+)")
-_PROJECTIONS = {"w13": ("gate_proj", "up_proj", "w1", "w3"), "w2": ("down_proj", "w2")}
+# vLLM's shard ids (the weight_loader's shard_id) and the checkpoint projections each is loaded from; a fused
+# parameter holds its shards in this order (w13: the gate rows first, then the up rows).
+SHARDS = {"w1": ("gate_proj", "w1"), "w3": ("up_proj", "w3"), "w2": ("down_proj", "w2")}
+FUSED_SHARDS = {"w13": ("w1", "w3"), "w2": ("w2",)}
+_PROJECTIONS = {fused: tuple(SHARDS[s][naming] for naming in (0, 1) for s in shards)  # one naming, then the other
+                for fused, shards in FUSED_SHARDS.items()}
+
+
+def fused_parts(param_name: str) -> tuple[str, str, str] | None:
+    """(the experts module's checkpoint prefix, `w13` or `w2`, the checkpoint leaf) of a fused expert parameter,
+    None for any other parameter."""
+    m = _FUSED.fullmatch(param_name)
+    return (m["module"], m["fused"], m["leaf"]) if m else None
 
 
 def is_fused_expert(param_name: str) -> bool:

@@ -53,11 +53,11 @@ def _table(rows: list[list[str]]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     m = _matrix(args)
-    rows = [["CELL", "SCHEME", "PRODUCER", "ARCH", "MODE", "CHECKS"]]
+    rows = [["CELL", "SCHEME", "PRODUCER", "ARCH", "MODE", "LAYOUT", "CHECKS"]]
     for cell in m.cells():
         checks = [f"{c.name}({c.tier})" for c in m.checks.values() if c.applies_to(cell)]
         rows.append([cell.id, cell.checkpoint.scheme.name, cell.checkpoint.producer,
-                     f"{cell.arch.name} ({cell.arch.label})", cell.mode.name, ", ".join(checks)])
+                     f"{cell.arch.name} ({cell.arch.label})", cell.mode.name, cell.layout.name, ", ".join(checks)])
     print(_table(rows))
     cases = sum(len(m.cases(c)) for c in m.checks.values())
     print(f"\n{len(rows) - 1} cells, {cases} cases from {m.path}")

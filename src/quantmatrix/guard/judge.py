@@ -63,7 +63,7 @@ def judge_layer(layer: Layer, backends: Mapping[str, MoeBackend], declared: Decl
     params = {f"{layer.name}.{n}": p for n, p in layer.params.items()}
     masks = {f"{layer.name}.{n}": unloaded_mask(layer, n, direct) for n in layer.params}
     report = findings.measure_layer(params, masks, backend, reads, known is not None and known.single_input_scale,
-                                  experts)
+                                  experts, layer.misplaced)
     return LayerResult(layer.name, layer.kind, method, backend, weight_only, known is not None, report, declared)
 
 
@@ -97,6 +97,9 @@ def judge_rest(recorder: Recorder) -> tuple[LayerResult, int]:
 def _advice(result: LayerResult) -> str:
     roles = {f.role for f in result.report.read_but_unloaded}
     d = result.declared
+    if any(f.kind == "misplaced" for f in result.report.unusable):
+        return ("vLLM's weight loader put a rank's shard where the parallel layout does not (a vLLM bug, not the "
+                "checkpoint): serve it with another tensor/expert-parallel layout or another vLLM, and report it")
     if result.report.unusable and not roles:
         return "the checkpoint itself is broken (values no kernel can use): re-export or re-download it"
     if "input_scale" in roles and d is not None and d.scheme == "weight_only" and not result.weight_only:

@@ -1,6 +1,11 @@
 """What vLLM's weight loaders really wrote: every MoE and linear parameter's loader is wrapped (adapter.loaders),
 right after the model is built, so each call notes its shard and (for experts) its row. No sentinel fill, no second
-load, no copy of the weights; the wrappers are removed once the model is judged."""
+load, no copy of the weights; the wrappers are removed once the model is judged.
+
+A MoE call is also held to the reference split (measure.split): right after it, the rank's slot for that shard and
+expert must hold the rank's part of the tensor it was given (tensor parallel: gate rows first, then up, down by
+input columns), and a rank must not write an expert it does not hold (expert parallel). Only what the rule places
+exactly is compared; a shape it cannot place is left alone, so a layout the rule does not know is never refused."""
 
 from __future__ import annotations
 
@@ -11,7 +16,11 @@ from typing import Any
 
 import torch
 
-from quantmatrix.adapter import loaders
+from quantmatrix.adapter import loaders, parallel
+from quantmatrix.adapter.roles import fused_parts
+from quantmatrix.checkpoints.producers import role_of
+from quantmatrix.measure import split
+from quantmatrix.measure.loaded import Finding
 
 
 @dataclasses.dataclass
@@ -23,6 +32,8 @@ class Layer:
     kind: str  # moe | linear
     params: dict[str, torch.nn.Parameter]
     writes: dict[str, dict[Any, set[int | None]]]
+    facts: parallel.RankFacts | None = None  # a MoE layer's rank (its shard and experts)
+    misplaced: list[Finding] = dataclasses.field(default_factory=list)  # writes off the reference split
 
 
 class Recorder:
@@ -43,6 +54,11 @@ class Recorder:
             if kind is None:
                 continue
             layer = Layer(prefix + name, module, kind, dict(module.named_parameters(recurse=False)), {})
+            if kind == "moe":
+                try:
+                    layer.facts = parallel.rank_facts(module)
+                except Exception as e:  # noqa: BLE001 - never break a build; judge() reports it
+                    self.errors.append(f"{layer.name}: {type(e).__name__}: {e}")
             for pname, p in layer.params.items():
                 layer.writes[pname] = {}
                 self._undo.append(loaders.wrap_weight_loader(
@@ -58,10 +74,13 @@ class Recorder:
             if result is not False:  # MoE loaders answer False for an expert that is not on this rank
                 try:
                     shard, row = loaders.loader_call(layer.module, layer.kind, args, kwargs)
+                    wrong = misplaced(layer, pname, args, kwargs) if layer.facts is not None else None
                 except Exception as e:  # noqa: BLE001 - never break a load; judge() reports it
                     self.errors.append(f"{layer.name}.{pname}: {type(e).__name__}: {e}")
                 else:
                     layer.writes[pname].setdefault(shard, set()).add(row)
+                    if wrong is not None:
+                        layer.misplaced.append(wrong)
             return result
         return recording
 
@@ -96,3 +115,30 @@ def unloaded_mask(layer: Layer, pname: str, direct: bool = False) -> torch.Tenso
         return (~done).reshape(rows, *([1] * (p.dim() - 1)))
     written = None in writes or (need <= set(writes)) or (layer.kind == "moe" and bool(writes))
     return torch.tensor(not written)
+
+
+def misplaced(layer: Layer, pname: str, args: tuple, kwargs: dict) -> Finding | None:
+    """A MoE weight_loader call that just wrote off the reference split: an expert this rank does not hold, or a
+    slot that does not hold the rank's part of what it was given. None when it is right or the rule cannot say."""
+    call = loaders.moe_call(args, kwargs)
+    loaded, expert, facts = call["loaded_weight"], int(call["expert_id"]), layer.facts
+    param = layer.params[pname]
+    name = f"{layer.name}.{pname}"
+    if facts is None or loaded.dim() == 3 or param.dim() == 0 or fused_parts(name) is None:
+        return None
+    rank = facts.ep_rank if facts.ep_size > 1 else facts.tp_rank
+    whole = param.shape[0] == facts.global_experts != len(facts.experts)  # indexed by global expert on every rank
+    row = expert if whole else loaders.local_row(layer.module, expert)
+    if row < 0:
+        return Finding(name, role_of(pname), "misplaced", (expert,), True,
+                       f"rank {rank}'s weight loader wrote expert {expert}, which it does not hold", rank)
+    where = split.place(call["shard_id"], tuple(loaded.shape), tuple(param.shape[1:]), facts.tp_rank, facts.tp_size,
+                        role_of(pname))
+    axis = split.split_axis(call["shard_id"], tuple(loaded.shape), role_of(pname))
+    if isinstance(where, tuple) or (axis is not None and loaded.shape[axis] % facts.tp_size):
+        return None  # shapes the rule does not place exactly: not judged here (rank_shards does, from the files)
+    if split.same(where.held(param.data[row]), where.part(loaded)):
+        return None
+    return Finding(name, role_of(pname), "misplaced", (expert,), True,
+                   f"rank {rank} slot {split.slices(where.dest)} must hold {call['shard_id']}'s part "
+                   f"{split.slices(where.source)} of the tensor it was given; it holds other data", rank)

@@ -12,14 +12,17 @@ from collections.abc import Iterable
 class Finding:
     param: str
     role: str
-    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies
+    kind: str  # unloaded | nonfinite | zero | negative | refused (the loader raised) | varies | misplaced (off the
+    # reference split of a parallel layout: the guard's per-call check)
     experts: tuple[int, ...]  # affected expert rows (empty: not an expert-indexed tensor)
     read: bool  # does the selected backend read this tensor?
     detail: str = ""
+    rank: int | None = None  # the rank that loaded it, under a parallel layout (experts are then global ids)
 
     def describe(self) -> str:
-        where = f" [expert{'s' if len(self.experts) > 1 else ''} {_ranges(self.experts)}]" if self.experts else ""
-        return f"{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
+        where = f" [expert{'s' if len(self.experts) > 1 else ''} {ranges(self.experts)}]" if self.experts else ""
+        on = f"rank {self.rank} " if self.rank is not None else ""
+        return f"{on}{self.param}{where}: {self.kind}{' (' + self.detail + ')' if self.detail else ''}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +38,10 @@ class AuditReport:
 
     @property
     def unusable(self) -> list[Finding]:
-        """Loaded with values no kernel can use, or refused by vLLM's loader (loud, but the checkpoint is broken)."""
-        return [f for f in self.findings if f.read and f.kind in ("nonfinite", "zero", "negative", "refused")]
+        """Loaded with values no kernel can use, refused by vLLM's loader (loud, but the checkpoint is broken), or
+        written off the rank's reference split (the guard)."""
+        return [f for f in self.findings
+                if f.read and f.kind in ("nonfinite", "zero", "negative", "refused", "misplaced")]
 
     @property
     def notes(self) -> list[Finding]:
@@ -44,7 +49,7 @@ class AuditReport:
         return [f for f in self.findings if f not in self.read_but_unloaded and f not in self.unusable]
 
 
-def _ranges(rows: Iterable[int]) -> str:
+def ranges(rows: Iterable[int]) -> str:
     rows = sorted(rows)
     out, start = [], None
     for i, r in enumerate(rows):

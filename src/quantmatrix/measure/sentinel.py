@@ -9,6 +9,7 @@ Imports torch: the plugin imports this module only when an audit case runs, neve
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -52,12 +53,33 @@ def audit(layers: Iterable[MoELayer], tensors: Callable[[], Iterable[tuple[str, 
 def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
                reads: frozenset[str], single_input_scale: bool) -> AuditReport:
     """Load the checkpoint into `layer` twice (one sentinel each) and judge every parameter."""
+    return load_twice(layer, tensors).measure(layer.backend, reads, single_input_scale)
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A layer after the two sentinel loads: its parameters (holding the second load), where both sentinels
+    survived, and what vLLM's loader refused; measured against any backend's reads (the load does not depend on
+    the backend, so every arch whose layer has the same parameters shares it)."""
+
+    params: dict[str, torch.Tensor]
+    unloaded: dict[str, torch.Tensor]
+    refusals: list[Finding]
+    num_experts: int
+
+    def measure(self, backend: str, reads: frozenset[str], single_input_scale: bool) -> AuditReport:
+        return findings.measure_layer(self.params, self.unloaded, backend, reads, single_input_scale,
+                                      self.num_experts, self.refusals)
+
+
+def load_twice(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> Loaded:
+    """Fill, load the checkpoint's tensors one at a time (so a refusal names its tensor), twice."""
     params = {layer.prefix + n: p for n, p in layer.parameters().items()}
     masks = []
     refused: dict[str, str] = {}
     for pass_index in range(len(SENTINELS)):
         fill(params, pass_index)
-        for name, tensor in tensors():  # one at a time, so a refusal names its tensor
+        for name, tensor in tensors():
             if not name.startswith(layer.prefix):
                 continue
             try:
@@ -66,9 +88,7 @@ def _audit_one(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.
                 refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
     refusals = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
-    unloaded = {n: masks[0][n] & masks[1][n] for n in params}
-    return findings.measure_layer(params, unloaded, layer.backend, reads, single_input_scale, layer.num_experts,
-                                refusals)
+    return Loaded(params, {n: masks[0][n] & masks[1][n] for n in params}, refusals, layer.num_experts)
 
 
 def checkpoint_tensors(checkpoint_dir: Path, prefix: str = "") -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:

@@ -256,7 +256,10 @@ def map_reports(log: SanitizerLog, record: Record) -> Uninit:
     for i, r in enumerate(log.reports):
         if lo <= r.address < hi:
             continue
-        found = (before if marker_at is None or i < marker_at else after).find(r.address)
+        # where a processed tensor reuses a built one's freed memory, the built one is the read's owner: the
+        # seed's read is at load, and without a marker that is the only order known
+        found = sorted((before if marker_at is None or i < marker_at else after).find(r.address),
+                       key=lambda t: t.stage != BUILT)
         if not found:
             other[r.kernel] += 1
             continue

@@ -119,6 +119,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.user_properties += [
         (P.CHECKPOINT, c.checkpoint.id), (P.SCHEME, c.checkpoint.scheme.name),
         (P.PRODUCER, c.checkpoint.producer), (P.ARCH, c.arch.name), (P.MODE, c.mode.name),
+        (P.LAYOUT, c.layout.name),
         (P.CHECK, case.check.name), (P.KIND, case.check.kind), (P.TIER, case.check.tier), (P.CELL, c.id),
         *s.host_properties(),
     ]
@@ -152,6 +153,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                                            **health.record(config)})
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION, None)
+    if session is not None:
+        session.close()
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION, None)
     if session is not None:
@@ -161,3 +168,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         pairs = sum(1 for key in session.memo if key[0] == "moe_layer")
         terminalreporter.write_line(f"quantmatrix: {session.layer_builds} MoE layer builds for {pairs} "
                                     "(checkpoint, arch) pairs")
+    pool = session.pool if session is not None else None
+    if pool is not None and pool.jobs:
+        terminalreporter.write_line(f"quantmatrix: {pool.ranks_built} ranks built in their own processes for "
+                                    f"{pool.jobs} (checkpoint, layout) pairs in {pool.seconds:.1f} s "
+                                    f"({pool.ranks_built / max(pool.seconds, 1e-9):.2f} ranks/s)")

@@ -27,6 +27,7 @@ from quantmatrix.measure.dequant import LogitError
 from quantmatrix.measure.hf import HfGreedy
 from quantmatrix.measure.loaded import AuditReport
 from quantmatrix.measure.observed import Observation
+from quantmatrix.measure.ranked import Ranked
 from quantmatrix.pytest_plugin import gates
 from quantmatrix.pytest_plugin.options import STRICT_CHECKPOINTS
 from quantmatrix.pytest_plugin.settings import SESSION, SETTINGS, Session, Settings
@@ -162,17 +163,46 @@ def _layer(kind: str, session: Session, checkpoint_dir: Path, cell: Cell,
 
 
 @pytest.fixture
+def ranked(cell: Cell, checkpoint_dir: Path, vllm_importable: None, matrix: Matrix, quantmatrix_session: Session,
+           record_property: Callable[[str, object], None]) -> Ranked:
+    """Every rank's measurement of the cell's checkpoint under the cell's layout (measure.ranks): one process per
+    rank in a gloo world (measure.pool), or this process for a one-rank layout; once per (checkpoint, layout),
+    every arch measured by the same ranks."""
+    from quantmatrix.measure import ranked, ranks, shards, split
+
+    layout = cell.layout
+    job = ranked.Job(str(checkpoint_dir), layout.tp, layout.ep, tuple((a.name, a.capability) for a in matrix.archs),
+                    {n: (tuple(sorted(b.reads)), b.single_input_scale) for n, b in matrix.moe_backends.items()})
+    session = quantmatrix_session
+    results = session.once(("ranks", checkpoint_dir, layout.name), lambda: (
+        session.rank_pool().run(job) if layout.ranks > 1 else [ranks.measure(job, 0)]))
+    impossible = session.once(("split", checkpoint_dir, layout.name), lambda: split.impossible(
+        split.Checkpoint(checkpoint_dir), shards.moe_ranks(layout.tp, layout.ep)))
+    out = ranked.combine(results, layout.tp, layout.ep, cell.arch.name, impossible)
+    hidden = sorted({p for b in out.builds.values() for p in b.simulated_without})
+    if hidden:
+        record_property(P.SIMULATED_WITHOUT, ",".join(hidden))
+    return out
+
+
+@pytest.fixture
 def moe_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
-              record_property: Callable[[str, object], None]) -> layers.LayerBuild:
-    """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair."""
+              record_property: Callable[[str, object], None], request: pytest.FixtureRequest
+              ) -> layers.LayerBuild | Ranked:
+    """vLLM's MoE block for the cell's checkpoint as built on the cell's (simulated) arch, once per pair; under a
+    layout of several ranks, every rank's."""
+    if cell.layout.ranks > 1:
+        return request.getfixturevalue("ranked")
     return _layer("moe_layer", quantmatrix_session, checkpoint_dir, cell, record_property)
 
 
 @pytest.fixture
-def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, matrix: Matrix,
+def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild | Ranked, matrix: Matrix,
                quantmatrix_session: Session) -> AuditReport | None:
     """The post-load audit of every MoE layer, once per (checkpoint, arch); None when there is no layer or its
-    backend's reads are unknown (the verdict says which)."""
+    backend's reads are unknown (the verdict says which). Under several ranks: every rank's, as one report."""
+    if isinstance(moe_layer, Ranked):
+        return moe_layer.audit
     layer = moe_layer.layer
     backend = matrix.moe_backends.get(layer.backend) if layer is not None else None
     if backend is None:
@@ -190,15 +220,22 @@ def load_audit(cell: Cell, checkpoint_dir: Path, moe_layer: layers.LayerBuild, m
 
 @pytest.fixture
 def kernel_layer(cell: Cell, checkpoint_dir: Path, vllm_importable: None, quantmatrix_session: Session,
-                 record_property: Callable[[str, object], None]) -> layers.LayerBuild:
-    """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited one)."""
+                 record_property: Callable[[str, object], None], request: pytest.FixtureRequest
+                 ) -> layers.LayerBuild | Ranked:
+    """A fresh layer for the kernel-format conversion (it rewrites parameters, so it never shares the audited
+    one); under several ranks, every rank's (each converted its own fresh load)."""
+    if cell.layout.ranks > 1:
+        return request.getfixturevalue("ranked")
     return _layer("kernel_build", quantmatrix_session, checkpoint_dir, cell, record_property)
 
 
 @pytest.fixture
-def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBuild,
-                  quantmatrix_session: Session) -> KernelFormat | None:
-    """vLLM's post-processing of the freshly loaded layer, once per (checkpoint, arch); None without a layer."""
+def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBuild | Ranked,
+                  quantmatrix_session: Session) -> KernelFormat | dict[int, KernelFormat | None] | None:
+    """vLLM's post-processing of the freshly loaded layer, once per (checkpoint, arch); None without a layer;
+    under several ranks, each rank's."""
+    if isinstance(kernel_layer, Ranked):
+        return kernel_layer.kernels
     layer = kernel_layer.layer
     if layer is None:
         return None

@@ -63,11 +63,24 @@ class Session:
     layer_builds: int = 0
     # axis marks per marker combination: building thousands of identical ones dominates collection
     marks: dict[tuple[str, ...], tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    pool: Any = None  # measure.pool.Pool: the rank processes, started by the first case of a multi-rank layout
 
     def once(self, key: tuple[str, Any], compute: Callable[[], Any]) -> Any:
         if key not in self.memo:
             self.memo[key] = compute()
         return self.memo[key]
+
+    def rank_pool(self) -> Any:
+        if self.pool is None:
+            from quantmatrix.measure.pool import Pool
+
+            self.pool = Pool()
+        return self.pool
+
+    def close(self) -> None:
+        """Stop the rank processes (at the end of the session)."""
+        if self.pool is not None:
+            self.pool.close()
 
 
 SETTINGS = pytest.StashKey[Settings]()

@@ -29,7 +29,9 @@ from quantmatrix.report.model import LOG_CHARS, LOG_LINES, MESSAGE_CHARS, NONE, 
 
 # junitparser parses with lxml when it is installed, else with the standard library.
 _PARSE_ERRORS = (_jp.etree.ParseError, ET.ParseError)
-_CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)\Z")
+# checkpoint@arch-mode, then -layout for a layout other than the checkpoint's serving one (schema.model.Cell.id)
+_CELL = re.compile(r"(?P<checkpoint>[^@\[\]]+)@(?P<arch>[A-Za-z0-9_]+)-(?P<mode>[A-Za-z0-9_]+)"
+                   r"(?:-(?P<layout>[A-Za-z0-9_]+))?\Z")
 
 
 class Row(NamedTuple):
@@ -109,8 +111,12 @@ def _outcome(case: Any, props: Mapping[str, str], today: datetime.date | None) -
 
 
 def axes_of(key: str, props: Mapping[str, str]) -> Axes:
-    """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name."""
+    """checkpoint, arch, mode, check, scheme: from the plugin's properties, else from the case name. A case in a
+    layout other than its checkpoint's serving one (its cell id ends in the layout) gets its own row,
+    `checkpoint [tp2]`."""
     check, ck, arch, mode = props.get(P.CHECK), props.get(P.CHECKPOINT), props.get(P.ARCH), props.get(P.MODE)
+    layout = props.get(P.LAYOUT)
+    extra = layout is not None and props.get(P.CELL, "").endswith(f"-{layout}")
     if not (check and ck and arch and mode):  # not all from the plugin: read the case's name
         func, _, param = key.rpartition("::")[2].partition("[")
         check = check or func.removeprefix("test_")
@@ -119,6 +125,9 @@ def axes_of(key: str, props: Mapping[str, str]) -> Axes:
             parsed = m.groupdict() if m else {}
             ck, arch, mode = (ck or parsed.get("checkpoint", NONE), arch or parsed.get("arch", NONE),
                               mode or parsed.get("mode", NONE))
+            layout, extra = layout or parsed.get("layout"), extra or parsed.get("layout") is not None
+    if extra:
+        ck = f"{ck} [{layout}]"
     # interned: a file's 100 cases then share 5 strings, which pickle sends from a worker once, not 100 times
     intern = sys.intern
     return intern(ck), intern(arch), intern(mode), intern(check), intern(props.get(P.SCHEME, ""))

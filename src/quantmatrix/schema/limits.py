@@ -16,7 +16,7 @@ from quantmatrix.schema.yamldoc import Doc
 
 MAX_NODES = 200_000  # YAML values, aliases expanded (default.yaml: ~3,000)
 MAX_SELECTORS = 1_000  # include + exclude entries: each is matched against every cell
-MAX_CELLS = 20_000  # checkpoints x archs x modes, unless the matrix raises it with `max_cells:`
+MAX_CELLS = 20_000  # checkpoints x archs x modes x layouts, unless the matrix raises it with `max_cells:`
 LABEL_CHARS = 200  # a label: one line of `quantmatrix list` and the nightly page
 ID_CHARS = 100  # a checkpoint id (a directory name in the cache, part of every case id)
 NAME_CHARS = 64  # an arch, mode, scheme or check name, a marker
@@ -83,14 +83,16 @@ def check_selectors(doc: Doc, node: yaml.Node, what: str, selector: Selector, ce
 
 def check_cells(doc: Doc, top: Mapping[str, Any], counts: Iterable[int], max_cells: int | None,
                 selectors: int) -> None:
-    """checkpoints x archs x modes within the budget, include + exclude within theirs, before any expansion."""
+    """checkpoints x archs x modes x layouts (the serving one and the declared ones) within the budget, include +
+    exclude within theirs, before any expansion."""
     product = 1
     for n in counts:
         product *= n
     limit = max_cells or MAX_CELLS
     if product > limit:
-        raise doc.error(top["@checkpoints"], f"the matrix has {product} cells (checkpoints x archs x modes), over "
-                                             f"its max_cells of {limit}; raise `max_cells:` if that is meant")
+        raise doc.error(top["@checkpoints"], f"the matrix has {product} cells (checkpoints x archs x modes x "
+                                             f"layouts), over its max_cells of {limit}; raise `max_cells:` if that "
+                                             "is meant")
     if selectors > MAX_SELECTORS:
         raise MatrixError(f"{doc.path}: include and exclude hold {selectors} selectors, over the {MAX_SELECTORS} "
                           "matched against every cell")

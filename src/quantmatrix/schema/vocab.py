@@ -14,8 +14,8 @@ RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
 ACTIVATION_SCALES = ("read", "not_read", "any")
-AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused")
-SELECTOR_KEYS = ("checkpoint", "arch", "mode", "scheme", "producer", "check")
+AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused", "misplaced")
+SELECTOR_KEYS = ("checkpoint", "arch", "mode", "layout", "scheme", "producer", "check")
 # Finding codes of the checkpoint lint (checkpoints.lint).
 LINT_CODES = ("config", "missing_tensor", "unexpected_tensor", "bad_dtype", "bad_shape", "bad_value", "unquantized",
               "quantized_but_ignored", "inconsistent")
