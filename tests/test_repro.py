@@ -123,12 +123,17 @@ KINDS = {"dispatch", "audit", "lint", "quantizer", "reference", "hardware", "e2e
 
 
 def _tamper(path: Path) -> None:
-    """Zero the final norm in the written files: the export no longer matches the weights it was made from."""
+    """Zero the final norm in the written files: the export no longer matches the weights it was made from. The
+    entry's completion record then names these bytes, as a writer that wrote them wrong would have recorded them
+    (the cache rebuilds an entry edited after its build, so an edit alone would be undone before the run)."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(path / "model.safetensors")
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * 0
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    marker = path / store._COMPLETE
+    record = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**record, "files": store._files(path)}))
 
 
 @pytest.fixture(scope="module")

@@ -226,10 +226,11 @@ def test_the_runner_looks_where_the_cuda_toolkit_installs_it(tmp_path, monkeypat
 
 def test_detect_says_whether_this_host_can_run_the_sanitized_modes(tmp_path, capsys, monkeypatch):
     """`quantmatrix detect` names the compute-sanitizer the runner would use, or that the mode will be skipped. The
-    host is one without vLLM, as the measured H200 was (faked: it keeps detect off the vLLM import, which
-    tests/test_cli.py and tests/test_vllm_health.py run)."""
+    host is one without vLLM and without a GPU (faked: it keeps detect off the vLLM import, which
+    tests/test_cli.py and tests/test_vllm_health.py run; a GPU host without vLLM is tests/test_no_vllm_host.py's)."""
     real = versions()
     monkeypatch.setattr(matrix_cli, "versions", lambda: {**real, "vllm_distribution": "none"})
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` finds nothing, as when absent
     monkeypatch.setattr(detect, "query_nvidia_smi", lambda: None)
     monkeypatch.setattr(detect, "query_torch", lambda: ([], "faked"))
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
