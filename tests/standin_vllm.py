@@ -1,5 +1,5 @@
 """A stand-in vLLM for quantmatrix's own tests of a night (tests/test_crossarch_plugin.py,
-tests/test_nightly_simulation.py): vLLM's CPU engine costs ~25 s a start here, so a fake `vllm` package on the
+tests/nightly_sim.py): vLLM's CPU engine costs ~25 s a start here, so a fake `vllm` package on the
 runs' PYTHONPATH implements exactly the surface the engine child uses (`vllm.LLM(model=..., **engine_args)`,
 `.generate(prompts, SamplingParams, use_tqdm=False)`, `.apply_model(fn)`, RequestOutputs with `prompt_token_ids`
 and `outputs[0].text / token_ids / logprobs`, and the loader module the poison seam wraps); every other `vllm.*`
