@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter import config, parallel, simulate
+from quantmatrix.adapter import config, families, parallel, simulate
 from quantmatrix.adapter.versions import Span, pick
 from quantmatrix.errors import AdapterMismatch
 
@@ -54,6 +54,7 @@ class MoELayer:
     vllm_config: Any
     num_experts: int
     simulated_without: tuple[str, ...] = ()  # optional kernel packages hidden from vLLM (simulate.without)
+    scheme: str = ""  # what the method runs, in the matrix's resolves_to words (adapter.families)
 
     def parameters(self) -> dict[str, Any]:
         return dict(self.block.named_parameters())
@@ -131,10 +132,9 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
     if experts is None:
         raise AdapterMismatch(f"{cls_name} holds no RoutedExperts module: the MoE layer API moved")
     method = experts.quant_method
-    backend = getattr(method, "nvfp4_backend", None)
-    return MoELayer(block, experts, prefix + ".", type(method).__name__,
-                    getattr(backend, "value", str(backend)) if backend is not None else "none",
-                    _method_weight_only(method), vllm_config, experts.moe_config.num_experts)
+    reading = families.read(method, _method_weight_only)
+    return MoELayer(block, experts, prefix + ".", type(method).__name__, reading.backend, reading.weight_only,
+                    vllm_config, experts.moe_config.num_experts, scheme=reading.scheme)
 
 
 def moe_layer_indices(model_config: Any) -> list[int]:
@@ -148,8 +148,6 @@ def moe_layer_indices(model_config: Any) -> list[int]:
 def _method_weight_only(method: Any) -> bool:
     """ModelOptNvFp4FusedMoE and CompressedTensorsW4A4Nvfp4MoEMethod both say it with `use_a16` (_USE_A16)."""
     name = type(method).__name__
-    if name == "UnquantizedFusedMoEMethod":
-        return False
     where = pick(f"where {name} keeps use_a16", _USE_A16.get(name, (Span("attribute"),)), "layers.py")
     attr = "use_a16" if where == "attribute" else _RECORDED
     if not hasattr(method, attr):
@@ -191,6 +189,7 @@ class Built:
     method: str
     backend: str
     weight_only: bool
+    scheme: str = ""
 
 
 @dataclasses.dataclass

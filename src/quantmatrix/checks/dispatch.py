@@ -138,10 +138,11 @@ def layer_problem(expected: str, wanted: str | None, pinned: list[str] | None, o
     if build.layer is None:
         return f"vLLM could not build the MoE layer {on}: {build.error}"
     layer = build.layer
-    got = "weight_only" if layer.weight_only else "w4a4"
+    got = layer.scheme or ("weight_only" if layer.weight_only else "w4a4")  # a Built record from before schemes
     if got != expected:
+        why = _CONSEQUENCE.get((expected, got))
         return (f"{_SCHEME_WORDS[expected]} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
-                f"backend {layer.backend}) {on}: {_CONSEQUENCE[(expected, got)]}")
+                f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
     backend = backends.get(layer.backend)
     if backend is None:
         return (f"vLLM selected MoE backend {layer.backend} {on}, which the matrix does not describe: add it under "

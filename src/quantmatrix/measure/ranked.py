@@ -60,6 +60,7 @@ class ArchResult:
     simulated_without: tuple[str, ...] = ()
     audit: AuditReport | None = None  # None: the backend's reads are unknown
     kernel: KernelFormat | None = None
+    scheme: str = ""  # what the method runs (adapter.families), in the matrix's resolves_to words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Ranked:
         out = {}
         for r in self.ranks:
             a = r.archs[self.arch]
-            built = layers.Built(a.method, a.backend, a.weight_only) if a.error is None else None
+            built = layers.Built(a.method, a.backend, a.weight_only, a.scheme) if a.error is None else None
             out[r.rank] = layers.LayerBuild(built, a.error, simulated_without=a.simulated_without)
         return out
 
@@ -196,4 +197,4 @@ def _arch(a: Mapping[str, Any]) -> ArchResult:
     if k is not None:
         k = KernelFormat(k["needs_cuda"], k["quant_config"], dict(k["alphas"]), tuple(k["activation_scales"]))
     return ArchResult(a["method"], a["backend"], a["weight_only"], a["error"], tuple(a["simulated_without"]), audit,
-                      k)
+                      k, a["scheme"])

@@ -63,7 +63,7 @@ def measure(job: Job, rank: int) -> RankResult:
         if (sig, layer.backend) not in kernels:
             kernels[sig, layer.backend] = _kernel(path, capability)
         archs[name] = ArchResult(layer.method, layer.backend, layer.weight_only, None, build.simulated_without,
-                                 audit, kernels[sig, layer.backend])
+                                 audit, kernels[sig, layer.backend], layer.scheme)
     if shared is None:
         return RankResult(rank, None, archs, note=parallel.note(), seconds=time.perf_counter() - start)
     return RankResult(rank, shared.facts, archs, tuple(shared.shards), shared.compared, tuple(shared.strays),

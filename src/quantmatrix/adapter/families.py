@@ -1,0 +1,58 @@
+"""How each family of vLLM's MoE quant methods says what it built: the activation scheme it runs (in the
+matrix's `resolves_to` words, schema.vocab.RESOLUTIONS) and the name of the read-set (package data backends.yaml)
+that describes the kernel backend it selected.
+
+One row per vLLM MoE method class. A new scheme family (FP8, WNA16, ...) is a reader function and its rows here;
+the layer builder (adapter.layers) and every check read `MoELayer.scheme` / `.backend` and never a vLLM attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from quantmatrix.errors import AdapterMismatch
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What one built MoE method runs, in quantmatrix's words."""
+
+    scheme: str  # a schema.vocab.RESOLUTIONS word: weight_only, w4a4, unquantized, ...
+    backend: str  # the read-set's name in backends.yaml ("none": no kernel backend to describe)
+    weight_only: bool  # activations run unquantized (the method's own view)
+
+
+def _enum_name(method: Any, attr: str) -> str:
+    value = getattr(method, attr, None)
+    return getattr(value, "value", str(value)) if value is not None else "none"
+
+
+def _nvfp4(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """NVFP4: `use_a16` (where each release keeps it: adapter.layers) and the `nvfp4_backend` enum, named as is."""
+    weight_only = use_a16(method)
+    return Reading("weight_only" if weight_only else "w4a4", _enum_name(method, "nvfp4_backend"), weight_only)
+
+
+def _unquantized(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    return Reading("unquantized", "none", False)
+
+
+# vLLM MoE method class -> its family's reader
+READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
+    "ModelOptNvFp4FusedMoE": _nvfp4,
+    "CompressedTensorsW4A4Nvfp4MoEMethod": _nvfp4,
+    "UnquantizedFusedMoEMethod": _unquantized,
+}
+
+
+def read(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """The family reading of a built MoE method; a method no row names is a vLLM (or a scheme) quantmatrix has
+    not been taught, and fails loudly."""
+    name = type(method).__name__
+    reader = READERS.get(name)
+    if reader is None:
+        raise AdapterMismatch(f"MoE method {name} is in no family quantmatrix knows ({', '.join(READERS)}): add its "
+                              "reader to quantmatrix/adapter/families.py")
+    return reader(method, use_a16)
