@@ -50,13 +50,13 @@ def test_groups_disagree_on_the_question_their_producer_asks():
 
 @pytest.mark.parametrize(("qc", "producer", "scheme", "algo"), [
     ({"quant_method": "modelopt_fp4", "quantization": {"quant_algo": "nvfp4"}}, "modelopt", "w4a4", "NVFP4"),
-    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "modelopt", None, "FP8"),
+    ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "modelopt", None, "MXFP8"),
     ({"quant_method": "modelopt"}, "modelopt", None, None),
     ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "compressed-tensors", None, None),
     ({"quant_method": "GPTQ"}, "gptq", None, None),
     ({"quant_method": ""}, "none", "unquantized", None),
 ])
-def test_what_is_not_nvfp4_has_no_scheme(qc, producer, scheme, algo):
+def test_what_is_neither_nvfp4_nor_fp8_has_no_scheme(qc, producer, scheme, algo):
     d = declare(qc)
     assert (d.producer, d.scheme, d.algo) == (producer, scheme, algo)
 
@@ -85,3 +85,23 @@ def test_a_model_config_vllm_moved_is_an_adapter_mismatch_stand_in_model_config(
         declared.of_model(SimpleNamespace())
     with pytest.raises(AdapterMismatch, match="quantization config as a list, not a dict"):
         declared.of_model(_model(SimpleNamespace(quantization_config=[1])))
+
+
+@pytest.mark.parametrize(("qc", "scheme"), [
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8_static"),
+    ({"quant_method": "modelopt", "quant_algo": "fp8_pb_wo"}, "fp8_block"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "fp8_static"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_dynamic"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8_block"),
+    ({"quant_method": "fp8", "activation_scheme": "per-token"}, None),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "g": {"weights": {"strategy": "channel"}, "input_activations": {"dynamic": True}}}}, "fp8_dynamic"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "g": {"weights": {"strategy": "tensor"}, "input_activations": {"dynamic": False}}}}, "fp8_static"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "g": {"weights": {"strategy": "block"}, "input_activations": {"dynamic": True}}}}, "fp8_block"),
+])
+def test_fp8_declarations(qc, scheme):
+    """FP8 in every producer's words: ModelOpt's quant_algo, Fp8Config's activation_scheme and weight_block_size,
+    compressed-tensors' block strategy or dynamic activations."""
+    assert declare(qc).scheme == scheme

@@ -147,13 +147,18 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
 @pytest.mark.parametrize(("qc", "legacy", "error"), [
     ([1], None, "config.json: quantization_config is list, not an object"),
     (None, {"quantization": [1]}, "hf_quant_config.json: quantization is list, not an object"),
-    (None, {"quantization": {"quant_algo": "FP8"}}, "hf_quant_config.json: quant_algo 'FP8' is not NVFP4; this "
-                                                     "lint knows NVFP4 only"),
-    ({"quant_method": "modelopt", "quant_algo": "FP8"}, None, "config.json: quant_algo 'FP8' is not NVFP4; this lint "
-                                                              "knows NVFP4 only"),
+    (None, {"quantization": {"quant_algo": "MXFP8"}}, "hf_quant_config.json: quant_algo 'MXFP8' is not one this "
+                                                       "lint knows "
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
+    ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, None, "config.json: quant_algo 'MXFP8' is not one this "
+                                                                "lint knows "
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
     ({**CT, "format": "pack-quantized"}, None, "config.json: compressed-tensors format 'pack-quantized' is not "
-                                               "nvfp4-pack-quantized"),
-    ({"quant_method": "gptq"}, None, "config.json: quant_method 'gptq' is neither modelopt nor compressed-tensors"),
+                                               "nvfp4-pack-quantized or float-quantized"),
+    ({"quant_method": "fp8", "activation_scheme": "per-token"}, None, "config.json: fp8 activation_scheme "
+                                                                      "'per-token' is neither static nor dynamic"),
+    ({"quant_method": "gptq"}, None, "config.json: quant_method 'gptq' is neither modelopt nor compressed-tensors "
+                                     "(nor fp8)"),
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
     ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),
@@ -164,7 +169,8 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
                                             "RE2 matches in linear time (invalid escape sequence: \\1)"),
     (None, {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [2]}},
      "hf_quant_config.json: the ignore list must be a list of strings, got [2]"),
-    (None, {}, "hf_quant_config.json: quant_algo None is not NVFP4; this lint knows NVFP4 only"),
+    (None, {}, "hf_quant_config.json: quant_algo None is not one this lint knows "
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
 ])
 def test_a_declaration_this_lint_cannot_read_is_an_error(tmp_path, qc, legacy, error):
     d = _write(tmp_path, qc, {})

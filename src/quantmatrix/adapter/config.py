@@ -14,14 +14,17 @@ from quantmatrix.errors import AdapterMismatch
 QUANT_MODULES = (
     "vllm.model_executor.layers.quantization.modelopt",
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
+    "vllm.model_executor.layers.quantization.fp8",
 )
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
            *QUANT_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
-METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors")
+METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8")
 
 # ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
 _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
+# ModelOpt FP8 algos (ModelOptFp8Config.quant_method) and how their activations run.
+_MODELOPT_FP8_ALGOS = {"FP8": "fp8_static", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +34,7 @@ class Resolution:
     method: str  # vLLM's quantization method name ("modelopt_fp4", "compressed-tensors", "none")
     config_class: str
     algo: str  # vLLM's own name for the scheme (e.g. W4A16_NVFP4), for the reader
-    scheme: str  # behaviour: weight_only | w4a4 | unquantized | rejected
+    scheme: str  # behaviour: a schema.vocab.RESOLUTIONS word (weight_only | w4a4 | fp8_static | ... | rejected)
     detail: str = ""
 
 
@@ -94,9 +97,40 @@ def _classify_mixed(config: Any) -> tuple[str, str]:
     return f"MIXED_PRECISION experts {algo}", _MODELOPT_ALGOS[algo]
 
 
+def _fp8_words(block: bool, dynamic: bool) -> str:
+    return "fp8_block" if block else "fp8_dynamic" if dynamic else "fp8_static"
+
+
+def _classify_ct(linear: Any) -> tuple[str, str]:
+    """A compressed-tensors Linear target: 8-bit float weights are FP8 (block, or by the activations' `dynamic`),
+    anything else NVFP4 by whether activations are quantized."""
+    weights, acts = linear.get("weights"), linear.get("input_activations")
+    if weights is not None and getattr(weights, "num_bits", None) == 8 and str(getattr(weights, "type", "")) in (
+            "float", "QuantizationType.FLOAT"):
+        strategy = str(getattr(weights, "strategy", ""))
+        dynamic = acts is not None and bool(getattr(acts, "dynamic", False))
+        return f"FP8 (weights {strategy.rsplit('.', 1)[-1]}, activations {'dynamic' if dynamic else 'static'})", \
+            _fp8_words(strategy.endswith("block"), dynamic)
+    if acts is None:
+        return "NVFP4A16 (input_activations None)", "weight_only"
+    return "NVFP4 (input_activations set)", "w4a4"
+
+
 def classify(config: Any) -> tuple[str, str]:
     """(vLLM's scheme name, behaviour) of a resolved quantization config."""
     name = type(config).__name__
+    if name == "ModelOptFp8Config":
+        algo = str(getattr(config, "quant_method", ""))
+        if algo not in _MODELOPT_FP8_ALGOS:
+            raise AdapterMismatch(f"ModelOptFp8Config.quant_method is {algo!r}; quantmatrix knows "
+                                  f"{sorted(_MODELOPT_FP8_ALGOS)}: update quantmatrix/adapter/config.py")
+        return algo, _MODELOPT_FP8_ALGOS[algo]
+    if name == "Fp8Config":
+        block, scheme = getattr(config, "weight_block_size", None), getattr(config, "activation_scheme", None)
+        if scheme not in ("static", "dynamic"):
+            raise AdapterMismatch(f"Fp8Config.activation_scheme is {scheme!r}: update quantmatrix/adapter/config.py")
+        return f"fp8 activation_scheme {scheme}, weight_block_size {block}", \
+            _fp8_words(block is not None, scheme == "dynamic")
     if name == "ModelOptNvFp4Config":
         algo = getattr(config, "quant_method", None)
         if algo not in _MODELOPT_ALGOS:
@@ -113,8 +147,6 @@ def classify(config: Any) -> tuple[str, str]:
         linear = scheme_map.get("Linear")
         if linear is None:
             return "no Linear target", "unquantized"
-        if linear.get("input_activations") is None:
-            return "NVFP4A16 (input_activations None)", "weight_only"
-        return "NVFP4 (input_activations set)", "w4a4"
+        return _classify_ct(linear)
     raise AdapterMismatch(f"quantization config class {name} ({config.get_name()}) is not one quantmatrix "
                           "can classify: update quantmatrix/adapter/config.py")

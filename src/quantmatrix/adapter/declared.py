@@ -8,7 +8,9 @@ legacy hf_quant_config.json, and decides:
   is a mapping with `input_activations` None or absent (ModelOptNvFp4Config._from_config); else W4A4.
 - compressed-tensors: a group quantizes activations when its `input_activations` is truthy (an empty mapping,
   null or no key is weight-only: CompressedTensorsConfig._quantization_scheme_map_from_config); no group at all
-  quantizes nothing (every Linear gets UnquantizedLinearMethod).
+  quantizes nothing (every Linear gets UnquantizedLinearMethod). float-quantized (FP8) groups: block weights are
+  block-wise FP8, else the activations' `dynamic` decides static or dynamic.
+- fp8 (Fp8Config): `weight_block_size` is block-wise FP8, else `activation_scheme` static or dynamic.
 Pure data in, data out: no vLLM import, so the lint reads a checkpoint with no vLLM installed.
 """
 
@@ -20,9 +22,11 @@ from typing import Any
 
 from quantmatrix.errors import AdapterMismatch
 
-# ModelOpt's NVFP4 quant_algo values, as vLLM upper-cases them, and what each declares before any promotion.
-MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
+# ModelOpt's quant_algo values, as vLLM upper-cases them, and what each declares before any promotion.
+MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only", "FP8": "fp8_static",
+                  "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
 CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
+CT_FP8_FORMAT = "float-quantized"
 
 
 def group_activations(group: Any) -> str:
@@ -48,6 +52,16 @@ def _modelopt_says_none(group: Any) -> bool:
 def _ct_quantizes(group: Any) -> bool:
     """compressed-tensors: a truthy input_activations is validated as activation quantization args."""
     return isinstance(group, Mapping) and bool(group.get("input_activations"))
+
+
+def _ct_fp8(groups: Mapping[str, Any]) -> str:
+    """A float-quantized config's FP8 kind, from its first group (vLLM reads every group alike)."""
+    group = next(iter(groups.values()))
+    weights = group.get("weights") if isinstance(group, Mapping) else None
+    acts = group.get("input_activations") if isinstance(group, Mapping) else None
+    if isinstance(weights, Mapping) and weights.get("strategy") == "block":
+        return "fp8_block"
+    return "fp8_dynamic" if isinstance(acts, Mapping) and acts.get("dynamic") else "fp8_static"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +133,12 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
         if algo == "NVFP4" and says_none and all(says_none):
             scheme = "weight_only"
         return Declaration(producer, scheme, algo, None, acts, shape, any(says_none) and not all(says_none))
+    if producer == "compressed-tensors" and qc.get("format") == CT_FP8_FORMAT:
+        return Declaration(producer, _ct_fp8(groups) if groups else "unquantized", None, CT_FP8_FORMAT, acts, shape)
+    if producer == "fp8":
+        block, scheme = qc.get("weight_block_size"), qc.get("activation_scheme")
+        fp8 = "fp8_block" if block else {"static": "fp8_static", "dynamic": "fp8_dynamic"}.get(str(scheme))
+        return Declaration(producer, fp8, None, None, acts, shape)
     if producer == "compressed-tensors":
         fmt = qc.get("format")
         quantized = [_ct_quantizes(g) for g in groups.values()]

@@ -12,6 +12,7 @@ from quantmatrix.schema.synthetic import SyntheticSpec
 _SIZES = {
     "cpu_tiny": {"hidden": 64, "expert_ffn": 64, "dense_ffn": 128},
     "gpu_tiny": {"hidden": 128, "expert_ffn": 128, "dense_ffn": 256},
+    "block_tiny": {"hidden": 256, "expert_ffn": 256, "dense_ffn": 512},
 }
 _GENERATION = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}
 

@@ -36,12 +36,19 @@ def _omit(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _corrupt(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
-    """zero / inf / nan overwrite every element; shape drops the last column (or doubles a scalar)."""
+    """zero / inf / nan overwrite every element; shape drops the last column (or doubles a scalar); dtype stores
+    the tensor as float8_e4m3fn."""
     for pattern, fault in spec.corrupt_tensors:
         for name in _matching(pattern, tensors, "corrupt_tensors"):
             t = tensors[name]
             if fault == "shape":
                 tensors[name] = t.reshape(1).repeat(2) if t.numel() == 1 else t[..., :-1].contiguous()
+                continue
+            if fault == "dtype":
+                if t.dtype == torch.float8_e4m3fn or not t.is_floating_point():
+                    raise MatrixError(f"synthetic.corrupt_tensors: {name} is {t.dtype}; a dtype fault stores a "
+                                      "floating scale as float8_e4m3fn")
+                tensors[name] = t.to(torch.float8_e4m3fn)
                 continue
             if not t.is_floating_point():
                 raise MatrixError(f"synthetic.corrupt_tensors: {name} is {t.dtype}; a {fault} fault needs a "

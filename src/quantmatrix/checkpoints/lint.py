@@ -10,35 +10,31 @@ input_activations), so a finding is exactly a place where vLLM's kernel choice a
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import functools
 import math
-import re
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, Declaration, declare
 from quantmatrix.bounded import shown
 from quantmatrix.checkpoints import experts, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
-from quantmatrix.checkpoints.untrusted import (
-    INDEX,
-    LintError,
-    ignore_list,
-    json_object,
-    read_header,
-    read_index,
-    safe_regex,
-)
+from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
+from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
 
-__all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "LintError", "LintReport", "declared", "lint"]
-SCHEME = "nvfp4"  # the scheme module whose tensors this lint knows: each producer's names for it (producers.leaves)
+__all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "Declared", "Finding", "LintError", "LintReport", "declared",
+           "ignored", "lint"]
+SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes those): each producer's names for it
+# The scheme module whose tensors a declared scheme names (producers.leaves), the format's word, and the dtype its
+# quantized weights are stored in.
+MODULES = {"weight_only": "nvfp4", "w4a4": "nvfp4", "unquantized": "nvfp4", "fp8_static": "fp8",
+           "fp8_dynamic": "fp8", "fp8_block": "fp8_block"}
+FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8"}
+_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
-_EXPERT = re.compile(r"\.layers\.([0-9]+)\..*\.experts\.(0|[1-9][0-9]*)\.")
-_WIDTH = {"F32": 4, "F8_E4M3": 1}  # bytes per element of the dtypes whose values the lint reads
+_WIDTH = {"F32": 4, "BF16": 2, "F8_E4M3": 1}  # bytes per element of the dtypes whose values the lint reads
+_FP8_SCALE_DTYPES = ("F32", "BF16")  # what producers store FP8 weight and input scales in
+_FP8_BLOCK = 128
 MAX_MATCHES = 5_000_000  # modules x ignore entries the lint matches before it refuses the work
 
 
@@ -57,46 +53,13 @@ class Tensor:
         return math.prod(self.shape)
 
 
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    code: str
-    module: str
-    tensor: str  # the tensor's last name component, "" for the config
-    message: str
-
-    @property
-    def name(self) -> str:
-        """The full tensor name (the module's, for a finding about the module as a whole)."""
-        return f"{self.module}.{self.tensor}" if self.tensor else self.module
-
-    @property
-    def layer_expert(self) -> tuple[int, int] | None:
-        m = _EXPERT.search(self.module + ".")
-        return (int(m.group(1)), int(m.group(2))) if m else None
-
-    def __str__(self) -> str:
-        le = self.layer_expert
-        where = f" [layer {le[0]}, expert {le[1]}]" if le else ""
-        return f"{self.module}{where} {self.tensor or '(config)'}: {self.message}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Declared:
-    """What the config says, in vLLM's reading."""
-
-    producer: str  # modelopt | compressed-tensors | none
-    scheme: str  # weight_only | w4a4 | unquantized
-    why: str
-    ignore: tuple[str, ...]
-
-
 @dataclasses.dataclass
 class LintReport:
     path: Path
     declared: Declared
     tensors: int
     files: int
-    nvfp4_modules: int
+    nvfp4_modules: int  # the quantized modules of the declared format (NVFP4 or FP8)
     findings: list[Finding]
 
     def codes(self) -> set[str]:
@@ -107,8 +70,8 @@ class LintReport:
         lines = [f"quantmatrix lint {shown(self.path)}",
                  f"declared: {d.producer} {d.scheme} ({shown(d.why)}); "
                  f"ignore: {shown(', '.join(d.ignore), 2000) or '-'}",
-                 f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} NVFP4 "
-                 "modules (headers and per-tensor scales only)"]
+                 f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} "
+                 f"{FORMAT_WORDS[MODULES[d.scheme]]} modules (headers and per-tensor scales only)"]
         if not self.findings:
             return "\n".join([*lines, "OK: every tensor agrees with the declared scheme"])
         counts: dict[str, int] = {}
@@ -169,98 +132,87 @@ def _read(t: Tensor, count: int) -> bytes:
 
 
 def scalar(t: Tensor) -> float:
-    """The value of a one-element F32 tensor."""
-    return struct.unpack("<f", _read(t, 1))[0]
-
-
-# -------------------------------------------------------------------------------------- declaration
-
-
-def _ignore(value: Any, where: Path) -> tuple[str, ...]:
-    """The config's ignore list: strings only, bounded, and every `re:` pattern one RE2 compiles."""
-    return ignore_list(value, where)[0]
-
-
-def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
-    """hf_quant_config.json, read when config.json has no quantization_config (ModelOpt before 0.31)."""
-    legacy = path / "hf_quant_config.json"
-    qc = json_object(legacy, "hf_quant_config.json")
-    inner = qc.get("quantization", {})
-    if not isinstance(inner, dict):
-        raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
-    d = declare(qc, legacy=True)
-    if d.groups_shape.startswith("a "):
-        raise LintError(f"{legacy}: config_groups is {d.groups_shape}, not a mapping of group name -> group")
-    if d.scheme is None:
-        raise LintError(f"{legacy}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
-    shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
-    return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
-                    _ignore(inner.get("exclude_modules"), legacy)), _disagreement(d)
-
-
-def _disagreement(d: Declaration) -> list[Finding]:
-    """Config groups that differ on the question the producer's rule asks, as vLLM then runs them."""
-    if not d.disagree:
-        return []
-    if d.producer == "modelopt" and d.algo == "NVFP4":
-        why = "vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4"
-    elif d.producer == "compressed-tensors":
-        why = "this lint checks every module against W4A4"
-    else:
-        return []
-    return [Finding("config", "config.json", "", f"config_groups disagree ({d.groups_text()}); {why}")]
-
-
-def declared(path: Path) -> tuple[Declared, list[Finding]]:
-    """The config's scheme, read as vLLM reads it (adapter.declared), plus config-level findings."""
-    cfg = json_object(path / "config.json", "config.json")
-    qc = cfg.get("quantization_config")
-    if qc is not None and not isinstance(qc, dict):
-        raise LintError(f"{path}/config.json: quantization_config is {type(qc).__name__}, not an object")
-    if qc is None and (path / "hf_quant_config.json").is_file():
-        return _legacy(path)
-    if qc is None:
-        return Declared("none", "unquantized", "config.json has no quantization_config", ()), []
-    d = declare(qc)
-    where = path / "config.json"
-    if d.groups_shape.startswith("a "):
-        raise LintError(f"{where}: quantization_config.config_groups is {d.groups_shape}, not a mapping of group "
-                        "name -> group")
-    if d.producer == "modelopt":
-        if d.scheme is None:
-            raise LintError(f"{where}: quant_algo {d.algo!r} is not NVFP4; this lint knows NVFP4 only")
-        return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
-                        _ignore(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
-    if d.producer == "compressed-tensors":
-        if d.scheme is None:
-            raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
-                            f"{CT_NVFP4_FORMAT}")
-        return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
-                        _ignore(qc.get("ignore"), where)), _disagreement(d)
-    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors")
-
-
-def ignored(module: str, patterns: Iterable[str]) -> bool:
-    """ModelOpt globs, compressed-tensors `re:` regexes, or plain names (also matching as a prefix)."""
-    for p in patterns:
-        if p.startswith("re:"):
-            if _compiled(p[3:]).match(module):
-                return True
-        elif fnmatch.fnmatchcase(module, p) or module == p or module.startswith(p + "."):
-            return True
-    return False
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str) -> Any:
-    return safe_regex(pattern, "ignore list")
+    """The value of a one-element F32 (or BF16: the high half of an F32) tensor."""
+    raw = _read(t, 1)
+    return struct.unpack("<f", raw if t.dtype == "F32" else b"\x00\x00" + raw)[0]
 
 
 # ------------------------------------------------------------------------------------------- checks
 
 
 def _scheme_words(d: Declared) -> str:
-    return {"w4a4": "W4A4", "weight_only": "weight-only"}[d.scheme] + f" ({d.why})"
+    return {"w4a4": "W4A4", "weight_only": "weight-only", "fp8_static": "static-activation FP8",
+            "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8"}[d.scheme] + f" ({d.why})"
+
+
+def _fp8_scale_shape(w: Tensor, block: bool) -> tuple[tuple[int, ...], ...]:
+    """The weight-scale shapes vLLM accepts for an FP8 weight: one element or one per output row, or the
+    128x128 block grid."""
+    o, i = w.shape
+    if block:
+        return ((-(-o // _FP8_BLOCK), -(-i // _FP8_BLOCK)),)
+    return ((), (1,), (o, 1), (o,))
+
+
+def _check_scale(t: Tensor, leaf: str, bad: Callable[[str, str, str], None], values: bool) -> None:
+    """An FP8 weight or input scale's dtype, and (per tensor, or every element with `values`) finite and > 0."""
+    if t.dtype not in _FP8_SCALE_DTYPES:
+        bad("bad_dtype", leaf, f"is {t.dtype}; FP8 scales are {' or '.join(_FP8_SCALE_DTYPES)} (vLLM copies them "
+            "into float32 without a word, rounding whatever this dtype held)")
+        return
+    if t.numel == 1:
+        v = scalar(t)
+        if not math.isfinite(v) or v <= 0:
+            bad("bad_value", leaf, f"is {v!r}; a scale must be finite and > 0")
+    elif values and t.dtype == "F32":
+        got = struct.unpack(f"<{t.numel}f", _read(t, t.numel))
+        n = sum(not math.isfinite(v) or v <= 0 for v in got)
+        if n:
+            bad("bad_value", leaf, f"{n} of {t.numel} scales are not finite and > 0")
+
+
+def _check_fp8(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
+    """One FP8 module: an F8_E4M3 weight, its scale in the declared granularity, and an input_scale exactly when
+    the config declares static activations."""
+    module_of = MODULES[d.scheme]
+    names = producers.leaves(d.producer, module_of)
+    weight, scale, inputs = names["weight"], names["block_scale"], names["input_scale"]
+    out: list[Finding] = []
+
+    def bad(code: str, leaf: str, message: str) -> None:
+        out.append(Finding(code, module, leaf, message))
+
+    static = d.scheme == "fp8_static"
+    required = [weight, scale, *([inputs] if static else [])]
+    for leaf in required:
+        if leaf not in leaves:
+            why = ("; vLLM's static FP8 MoE kernels read one per expert (ModelOpt's loader leaves 1.0 where none "
+                   "was loaded; the max over the experts scales them all)") if leaf == inputs else ""
+            bad("missing_tensor", leaf, f"missing; the config declares {_scheme_words(d)}{why}")
+    if not static and inputs in leaves:
+        bad("unexpected_tensor", inputs, f"present, but the config declares {_scheme_words(d)}: vLLM quantizes the "
+            "activations itself and never reads it, so the export and its config disagree about the activations")
+    for leaf in sorted(set(leaves) - set(required) - {inputs} - _ALLOWED_EXTRA):
+        bad("unexpected_tensor", leaf, f"not part of a {d.producer} {FORMAT_WORDS[module_of]} module")
+    w, s = leaves.get(weight), leaves.get(scale)
+    if w is not None and (w.dtype != "F8_E4M3" or len(w.shape) != 2):
+        bad("bad_dtype" if w.dtype != "F8_E4M3" else "bad_shape", weight, f"is {w.dtype} {list(w.shape)}; FP8 "
+            "weights are F8_E4M3 [out, in]")
+        w = None
+    if s is not None:
+        shapes = _fp8_scale_shape(w, module_of == "fp8_block") if w is not None else ()
+        if shapes and s.shape not in shapes:
+            bad("bad_shape", scale, f"is {list(s.shape)}, expected {' or '.join(str(list(x)) for x in shapes)} "
+                f"for {weight} {list(w.shape)}" + (" (one per 128x128 block)" if module_of == "fp8_block" else ""))
+        else:
+            _check_scale(s, scale, bad, block_scales)
+    if inputs in leaves and static:
+        t = leaves[inputs]
+        if t.numel != 1:
+            bad("bad_shape", inputs, f"is {list(t.shape)}; a per-tensor input scale has one element")
+        else:
+            _check_scale(t, inputs, bad, False)
+    return out
 
 
 def _check_module(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
@@ -343,6 +295,10 @@ def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Fin
     return out
 
 
+# scheme module -> the check of one of its quantized modules
+_CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8}
+
+
 def lint(path: Path, block_scales: bool = False) -> LintReport:
     """Lint one checkpoint directory."""
     path = Path(path)
@@ -359,28 +315,32 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     if len(modules) * len(d.ignore) > MAX_MATCHES:
         raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
                         f"{MAX_MATCHES} matches this lint makes")
-    nvfp4 = 0
-    quantized = producers.quantized_leaves(SCHEME)
+    count = 0
+    module_of = MODULES[d.scheme]
+    words = FORMAT_WORDS[module_of]
+    quantized = producers.quantized_leaves(module_of)
+    check = _CHECKS[module_of]
     for module, leaves in modules.items():
         weight = leaves.get("weight")
-        is_nvfp4 = bool(quantized & set(leaves)) or (weight is not None and weight.dtype == "U8")
-        nvfp4 += is_nvfp4
+        is_quantized = bool(quantized & set(leaves)) or (
+            weight is not None and weight.dtype == _WEIGHT_DTYPES[module_of])
+        count += is_quantized
         if d.scheme == "unquantized":
-            if is_nvfp4:
-                findings.append(Finding("unexpected_tensor", module, "", "holds NVFP4 tensors "
+            if is_quantized:
+                findings.append(Finding("unexpected_tensor", module, "", f"holds {words} tensors "
                                         f"({', '.join(sorted(leaves))}) but the config declares no quantization"))
         elif ignored(module, d.ignore):
-            if is_nvfp4:
+            if is_quantized:
                 findings.append(Finding("quantized_but_ignored", module, "", "matches the config's ignore list "
-                                        f"but holds NVFP4 tensors ({', '.join(sorted(leaves))})"))
-        elif is_nvfp4:
-            findings += _check_module(module, leaves, d, block_scales)
+                                        f"but holds {words} tensors ({', '.join(sorted(leaves))})"))
+        elif is_quantized:
+            findings += check(module, leaves, d, block_scales)
         else:
             w = leaves.get("weight")
             if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS):
                 findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
                                         "scales, but the config quantizes every Linear it does not ignore"))
     findings += [Finding(*f) for f in experts.check(modules, config, path / "config.json")]
-    if d.scheme != "unquantized":
+    if module_of == SCHEME and d.scheme != "unquantized":
         findings += _check_fused(modules, d)
-    return LintReport(path, d, len(tensors), nfiles, nvfp4, findings)
+    return LintReport(path, d, len(tensors), nfiles, count, findings)

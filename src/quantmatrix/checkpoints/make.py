@@ -15,7 +15,7 @@ from pathlib import Path
 from quantmatrix.checkpoints.store import spec_of, write
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema.model import Matrix
-from quantmatrix.schema.synthetic import SIZES, SyntheticSpec
+from quantmatrix.schema.synthetic import SyntheticSpec
 from quantmatrix.schema.yamldoc import closest
 
 
@@ -56,10 +56,14 @@ def listing(matrix: Matrix) -> list[str]:
     return rows
 
 
+_TWIN_SIZES = ("cpu_tiny", "gpu_tiny")  # the sizes an engine runs a synthetic checkpoint at (schema.e2e platforms)
+
+
 def every_build(matrix: Matrix) -> dict[str, SyntheticSpec]:
-    """`<id>@<size>` -> spec of every synthetic checkpoint of the matrix at every size (the engine's twins too)."""
+    """`<id>@<size>` -> spec of every synthetic checkpoint of the matrix at its own size and at each size an
+    engine runs a twin at (cpu_tiny, gpu_tiny)."""
     return {f"{c.id}@{size}": dataclasses.replace(spec_of(c), size=size) for c in matrix.checkpoints
-            if c.source.kind == "synthetic" for size in SIZES}
+            if c.source.kind == "synthetic" for size in dict.fromkeys((*_TWIN_SIZES, spec_of(c).size))}
 
 
 def file_digests(spec: SyntheticSpec) -> dict[str, str]:

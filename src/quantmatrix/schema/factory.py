@@ -20,6 +20,7 @@ class FactoryScheme:
     quantized: bool = True  # False: the family's bf16 weights as they are (no scales to omit or add)
     activations: str = "null"  # every config group's input_activations unless the spec says otherwise
     input_scales: bool = False  # whether `input_scales: auto` writes input-scale tensors
+    granularity: str = "tensor"  # one weight scale per: tensor | channel | block (FP8; NVFP4's are fixed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +42,17 @@ SCHEMES = {
     "bf16": FactoryScheme("bf16", quantized=False),
     "nvfp4_weight_only": FactoryScheme("nvfp4"),
     "nvfp4_w4a4": FactoryScheme("nvfp4", activations="quantized", input_scales=True),
+    "fp8_static": FactoryScheme("fp8", activations="quantized", input_scales=True),
+    "fp8_dynamic": FactoryScheme("fp8", activations="quantized", granularity="channel"),
+    "fp8_block": FactoryScheme("fp8_block", activations="quantized", granularity="block"),
 }
 PRODUCERS = {
-    "modelopt": FactoryProducer("modelopt", writes=("nvfp4",), forms=("config_json", "legacy"), keys=("quant_algo",)),
-    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4",), packages=("compressed-tensors",)),
+    "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8"), forms=("config_json", "legacy"),
+                                keys=("quant_algo",)),
+    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "fp8", "fp8_block"),
+                                          packages=("compressed-tensors",)),
+    # transformers' FineGrainedFP8 / DeepSeek format: quant_method fp8 (vLLM's Fp8Config)
+    "fp8": FactoryProducer("hf_fp8", writes=("fp8", "fp8_block")),
     "none": FactoryProducer("none", writes=("bf16",)),
 }
 # Where a producer's quantization config lives (`synthetic: {form: ...}`).

@@ -78,7 +78,7 @@ def _faults(doc: Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]
 
 SYNTHETIC_FIELDS: dict[str, Field] = {
     "model": Field(one_of(synthetic.MODELS), "model architecture", required=False),
-    "size": Field(one_of(synthetic.SIZES), "cpu_tiny (CPU paths only) or gpu_tiny (GPU kernels)",
+    "size": Field(one_of(synthetic.SIZES), "cpu_tiny (CPU paths only), gpu_tiny (GPU kernels), block_tiny",
                   required=False),
     "form": Field(one_of(synthetic.FORMS), "config.json quantization_config or legacy hf_quant_config.json",
                   required=False),
@@ -93,7 +93,7 @@ SYNTHETIC_FIELDS: dict[str, Field] = {
                           "config: auto (what the scheme implies), present or absent", required=False),
     "omit_tensors": Field(list_of(as_text), "globs of tensors to leave out (e.g. one expert's input_scale)",
                           required=False),
-    "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape)", required=False),
+    "corrupt_tensors": Field(_faults, "glob -> fault (zero, inf, nan, shape, dtype)", required=False),
 }
 
 

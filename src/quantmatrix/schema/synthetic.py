@@ -14,16 +14,18 @@ from quantmatrix.schema.factory import PRODUCERS, SCHEMES, FactoryScheme
 
 MODELS = ("qwen3_moe", "mixtral")
 # cpu_tiny runs on CPU paths only; gpu_tiny has hidden/intermediate multiples of 128, as Marlin and the
-# CUTLASS/TRT-LLM NVFP4 MoE kernels require.
-SIZES = ("cpu_tiny", "gpu_tiny")
+# CUTLASS/TRT-LLM NVFP4 MoE kernels require; block_tiny has 2x2 grids of 128x128 blocks per expert weight (block-wise
+# FP8: a grid with more than one block, split whole across 2 ranks).
+SIZES = ("cpu_tiny", "gpu_tiny", "block_tiny")
 FORMS = tuple(_FORMS)
 INPUT_ACTIVATIONS = ("quantized", "null", "missing", "empty")
 CONFIG_GROUPS = ("present", "empty", "missing")
 QUANTIZE = ("experts", "experts_attention")
 # Which input-scale tensors the export holds, whatever its config says: `auto` = what the scheme implies.
 INPUT_SCALES = ("auto", "present", "absent")
-# Faults `corrupt_tensors` can put into a tensor (zero / inf / nan values, or a wrong shape).
-FAULTS = ("zero", "inf", "nan", "shape")
+# Faults `corrupt_tensors` can put into a tensor (zero / inf / nan values, a wrong shape, or a scale stored as
+# float8_e4m3fn: the wrong dtype, values rounded to E4M3).
+FAULTS = ("zero", "inf", "nan", "shape", "dtype")
 
 
 @dataclasses.dataclass(frozen=True)

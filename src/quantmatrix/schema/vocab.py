@@ -10,7 +10,9 @@ from quantmatrix.schema import factory
 PRODUCERS = tuple(factory.PRODUCERS)  # who made a checkpoint; the factory writes each (schema.factory)
 TIERS = ("cpu", "gpu")
 VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
-RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
+# How a checkpoint's MoE runs: NVFP4 weight-only / W4A4, FP8 with static per-tensor activation scales, dynamic
+# per-token activations, or 128x128 weight blocks (dynamic per-group activations).
+RESOLUTIONS = ("weight_only", "w4a4", "fp8_static", "fp8_dynamic", "fp8_block", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
 ROLES = ("weight", "block_scale", "global_scale", "input_scale")
 ACTIVATION_SCALES = ("read", "not_read", "any")

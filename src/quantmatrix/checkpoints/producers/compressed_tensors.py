@@ -3,6 +3,8 @@ its `quantization_config`, built by the compressed-tensors package itself.
 
 NVFP4 (nvfp4-pack-quantized): <m>.weight_packed U8, <m>.weight_scale F8_E4M3, <m>.weight_global_scale F32 [1]
 = 6*448/amax (the inverse of the dequant multiplier: vLLM inverts it), <m>.input_global_scale F32 [1].
+FP8 (float-quantized; presets FP8, FP8_DYNAMIC, FP8_BLOCK): <m>.weight F8_E4M3 [o, i], <m>.weight_scale in the
+model's dtype ([1] per tensor, [o, 1] per channel, [o/128, i/128] per block), <m>.input_scale [1] (FP8 only).
 Calibration sends every token through every expert.
 """
 
@@ -21,10 +23,16 @@ if TYPE_CHECKING:
 
 # compressed-tensors replaces a zero block scale by the E4M3 "eps" it uses (calculate_qparams).
 _ZERO_SCALE = 0.125
+_FP8_LEAVES = {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale"}
 LEAVES = {"nvfp4": {"weight": "weight_packed", "block_scale": "weight_scale", "global_scale": "weight_global_scale",
-                    "input_scale": "input_global_scale"}}
-# Per scheme module: the package's preset with quantized activations, the weight-only one, and the format.
-_PRESETS = {"nvfp4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized")}
+                    "input_scale": "input_global_scale"},
+          "fp8": _FP8_LEAVES, "fp8_block": _FP8_LEAVES}
+# Per factory scheme: the package's preset with quantized activations, the weight-only one, and the format.
+_PRESETS = {"nvfp4_weight_only": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
+            "nvfp4_w4a4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
+            "fp8_static": ("FP8", "FP8", "float-quantized"),
+            "fp8_dynamic": ("FP8_DYNAMIC", "FP8_DYNAMIC", "float-quantized"),
+            "fp8_block": ("FP8_BLOCK", "FP8_BLOCK", "float-quantized")}
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -73,7 +81,15 @@ class _NVFP4:
         return 1.0 / stored
 
 
-RECIPES = {"nvfp4": _NVFP4()}
+class _FP8:
+    """llm-compressor's FP8 calibration (schemes.fp8.Recipe): every token through every expert; scales stored in
+    the model's dtype."""
+
+    scale_dtype = "bfloat16"
+    input_amax = staticmethod(_NVFP4.input_amax)
+
+
+RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8(), "fp8_block": _FP8()}
 
 
 def _regex(glob: str) -> str:
@@ -85,7 +101,7 @@ def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
     """`quantization_config` built by the compressed-tensors package itself from its preset for the scheme."""
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 
-    with_acts, weight_only, fmt = _PRESETS[spec.factory.module]
+    with_acts, weight_only, fmt = _PRESETS[spec.scheme]
     scheme = preset_name_to_scheme(with_acts if spec.activations == "quantized" else weight_only, ["Linear"])
     qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=[_regex(g) for g in excluded_modules(spec)],
                             format=fmt, quantization_status="compressed")

@@ -4,6 +4,7 @@ calibration, and its config files (config.json `quantization_config`, or the leg
 NVFP4 (unified HF export): <m>.weight U8 [o, i/2], <m>.weight_scale F8_E4M3 [o, i/16],
 <m>.weight_scale_2 F32 [] = amax/(6*448), <m>.input_scale F32 [] (W4A4). Calibration takes each expert's routed
 tokens, then syncs every input amax to the max over the layer's experts.
+FP8 (quant_algo FP8): <m>.weight F8_E4M3 [o, i], <m>.weight_scale F32 [] = amax/448, <m>.input_scale F32 [].
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ VERSION = "0.37.0"  # the ModelOpt release the configs claim
 # ModelOpt floors block scales at the smallest E4M3 subnormal so no block scale is ever 0.
 E4M3_MIN_SUBNORMAL = 2.0**-9
 LEAVES = {"nvfp4": {"weight": "weight", "block_scale": "weight_scale", "global_scale": "weight_scale_2",
-                    "input_scale": "input_scale"}}
+                    "input_scale": "input_scale"},
+          "fp8": {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale"}}
 # Per scheme module: quant_algo, and the weights' (and quantized activations') config-group arguments.
-_ALGO = {"nvfp4": "NVFP4"}
-_ARGS = {"nvfp4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}}
+# (ModelOpt's FP8 is per-tensor weights with static per-tensor activations: quant_algo FP8.)
+_ALGO = {"nvfp4_weight_only": "NVFP4", "nvfp4_w4a4": "NVFP4", "fp8_static": "FP8"}
+_ARGS = {"nvfp4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
+         "fp8": {"dynamic": False, "num_bits": 8, "type": "float"}}
 
 
 def nvfp4_scale_2(amax: torch.Tensor) -> torch.Tensor:
@@ -77,7 +81,23 @@ class _NVFP4:
         return stored
 
 
-RECIPES = {"nvfp4": _NVFP4()}
+class _FP8:
+    """ModelOpt's FP8 calibration (schemes.fp8.Recipe): routed tokens, max over the layer's experts; F32 scales."""
+
+    scale_dtype = "float32"
+    input_amax = staticmethod(_NVFP4.input_amax)
+
+
+RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8()}
+
+
+def _algo(spec: SyntheticSpec) -> str:
+    if spec.quant_algo:
+        return spec.quant_algo
+    if spec.scheme not in _ALGO:
+        raise ValueError(f"ModelOpt exports no {spec.scheme} checkpoint here (it writes {', '.join(_ALGO)}; its "
+                         "quant_algo FP8 is per-tensor weights with static activation scales)")
+    return _ALGO[spec.scheme]
 
 
 def _group(spec: SyntheticSpec, args: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +117,7 @@ def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
     module = spec.factory.module
     qc: dict[str, Any] = {
         "quant_method": "modelopt",
-        "quant_algo": spec.quant_algo or _ALGO[module],
+        "quant_algo": _algo(spec),
         "producer": {"name": "modelopt", "version": VERSION},
         "ignore": excluded_modules(spec),
     }
@@ -113,9 +133,9 @@ def hf_quant_config(spec: SyntheticSpec) -> dict[str, Any]:
     return {
         "producer": {"name": "modelopt", "version": VERSION},
         "quantization": {
-            "quant_algo": spec.quant_algo or _ALGO[module],
+            "quant_algo": _algo(spec),
             "kv_cache_quant_algo": None,
-            "group_size": _ARGS[module]["group_size"],
+            "group_size": _ARGS[module].get("group_size"),
             "exclude_modules": excluded_modules(spec),
         },
     }

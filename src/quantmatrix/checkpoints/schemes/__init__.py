@@ -45,3 +45,17 @@ def targets(spec: SyntheticSpec, config: dict[str, Any]) -> list[str]:
 
     return [name for name in linear_shapes(spec.model, dims(config))
             if ".experts." in name or (spec.quantize == "experts_attention" and ".self_attn." in name)]
+
+
+def input_group(name: str, model: str) -> str:
+    """Modules sharing an input share one activation (and NVFP4 global) scale: q/k/v of a layer, gate/up of an
+    expert; vLLM keeps one per fused weight."""
+    from quantmatrix.checkpoints.base import LAYOUTS
+
+    lay = LAYOUTS[model]
+    parent, _, leaf = name.rpartition(".")
+    if leaf in ("q_proj", "k_proj", "v_proj"):
+        return f"{parent}.qkv"
+    if leaf in (lay.gate, lay.up):
+        return f"{parent}.gate_up"
+    return name

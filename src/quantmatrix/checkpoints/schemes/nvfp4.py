@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
-from quantmatrix.checkpoints.base import LAYOUTS, Base
-from quantmatrix.checkpoints.schemes import Encoded, targets
+from quantmatrix.checkpoints.base import Base
+from quantmatrix.checkpoints.schemes import Encoded, input_group, targets
 from quantmatrix.schema.synthetic import SyntheticSpec
 
 if TYPE_CHECKING:
@@ -146,17 +146,6 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
 # ---------------------------------------------------------------------------------------------- the export
 
 
-def _fused_group(name: str, model: str) -> str:
-    """Modules sharing an input share one global scale: q/k/v of a layer, gate/up of an expert."""
-    lay = LAYOUTS[model]
-    parent, _, leaf = name.rpartition(".")
-    if leaf in ("q_proj", "k_proj", "v_proj"):
-        return f"{parent}.qkv"
-    if leaf in (lay.gate, lay.up):
-        return f"{parent}.gate_up"
-    return name
-
-
 def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
     """The family's bf16 model quantized as `producer` does: its recipe's arithmetic and calibration, its names
     (LEAVES["nvfp4"]: role -> leaf); input scales where the spec wants them; dequantized/ decoded the way vLLM
@@ -166,18 +155,18 @@ def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
     group_amax: dict[str, torch.Tensor] = {}
     for m in modules:
         amax = family.tensors[f"{m}.weight"].abs().max()
-        key = _fused_group(m, spec.model)
+        key = input_group(m, spec.model)
         group_amax[key] = torch.maximum(group_amax.get(key, amax), amax)
     acts = recipe.input_amax(family.input_amax, modules)
     group_act: dict[str, float] = {}
     for m in modules:
-        key = _fused_group(m, spec.model)
+        key = input_group(m, spec.model)
         group_act[key] = max(group_act.get(key, 0.0), acts[m])
 
     tensors = {k: v for k, v in family.tensors.items() if k.removesuffix(".weight") not in modules}
     dequantized = dict(family.tensors)
     for m in modules:
-        key = _fused_group(m, spec.model)
+        key = input_group(m, spec.model)
         stored = recipe.global_scale(group_amax[key])
         q = recipe.quantize(family.tensors[f"{m}.weight"], stored)
         tensors[f"{m}.{names['weight']}"] = q.packed

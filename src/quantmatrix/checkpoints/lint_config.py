@@ -1,0 +1,143 @@
+"""What a checkpoint's config declares, for the lint (checkpoints.lint): the scheme in vLLM's reading
+(adapter.declared), its ignore list, config-level findings, and the Finding every lint check returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from quantmatrix.adapter.declared import CT_FP8_FORMAT, CT_NVFP4_FORMAT, MODELOPT_ALGOS, Declaration, declare
+from quantmatrix.checkpoints.untrusted import LintError, ignore_list, json_object, safe_regex
+
+_EXPERT = re.compile(r"\.layers\.([0-9]+)\..*\.experts\.(0|[1-9][0-9]*)\.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    code: str
+    module: str
+    tensor: str  # the tensor's last name component, "" for the config
+    message: str
+
+    @property
+    def name(self) -> str:
+        """The full tensor name (the module's, for a finding about the module as a whole)."""
+        return f"{self.module}.{self.tensor}" if self.tensor else self.module
+
+    @property
+    def layer_expert(self) -> tuple[int, int] | None:
+        m = _EXPERT.search(self.module + ".")
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def __str__(self) -> str:
+        le = self.layer_expert
+        where = f" [layer {le[0]}, expert {le[1]}]" if le else ""
+        return f"{self.module}{where} {self.tensor or '(config)'}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """What the config says, in vLLM's reading."""
+
+    producer: str  # modelopt | compressed-tensors | fp8 | none
+    scheme: str  # a schema.vocab.RESOLUTIONS word but rejected: weight_only | w4a4 | fp8_static | ... | unquantized
+    why: str
+    ignore: tuple[str, ...]
+
+
+# -------------------------------------------------------------------------------------- declaration
+
+
+def _ignore(value: Any, where: Path) -> tuple[str, ...]:
+    """The config's ignore list: strings only, bounded, and every `re:` pattern one RE2 compiles."""
+    return ignore_list(value, where)[0]
+
+
+def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
+    """hf_quant_config.json, read when config.json has no quantization_config (ModelOpt before 0.31)."""
+    legacy = path / "hf_quant_config.json"
+    qc = json_object(legacy, "hf_quant_config.json")
+    inner = qc.get("quantization", {})
+    if not isinstance(inner, dict):
+        raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
+    d = declare(qc, legacy=True)
+    if d.groups_shape.startswith("a "):
+        raise LintError(f"{legacy}: config_groups is {d.groups_shape}, not a mapping of group name -> group")
+    if d.scheme is None:
+        raise LintError(f"{legacy}: quant_algo {d.algo!r} is not one this lint knows ({', '.join(MODELOPT_ALGOS)})")
+    shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
+    return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
+                    _ignore(inner.get("exclude_modules"), legacy)), _disagreement(d)
+
+
+def _disagreement(d: Declaration) -> list[Finding]:
+    """Config groups that differ on the question the producer's rule asks, as vLLM then runs them."""
+    if not d.disagree:
+        return []
+    if d.producer == "modelopt" and d.algo == "NVFP4":
+        why = "vLLM promotes to weight-only only when every group says None, so it runs all of them W4A4"
+    elif d.producer == "compressed-tensors":
+        why = "this lint checks every module against W4A4"
+    else:
+        return []
+    return [Finding("config", "config.json", "", f"config_groups disagree ({d.groups_text()}); {why}")]
+
+
+def declared(path: Path) -> tuple[Declared, list[Finding]]:
+    """The config's scheme, read as vLLM reads it (adapter.declared), plus config-level findings."""
+    cfg = json_object(path / "config.json", "config.json")
+    qc = cfg.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise LintError(f"{path}/config.json: quantization_config is {type(qc).__name__}, not an object")
+    if qc is None and (path / "hf_quant_config.json").is_file():
+        return _legacy(path)
+    if qc is None:
+        return Declared("none", "unquantized", "config.json has no quantization_config", ()), []
+    d = declare(qc)
+    where = path / "config.json"
+    if d.groups_shape.startswith("a "):
+        raise LintError(f"{where}: quantization_config.config_groups is {d.groups_shape}, not a mapping of group "
+                        "name -> group")
+    if d.producer == "modelopt":
+        if d.scheme is None:
+            raise LintError(f"{where}: quant_algo {d.algo!r} is not one this lint knows ({', '.join(MODELOPT_ALGOS)})")
+        return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
+                        _ignore(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
+    if d.producer == "compressed-tensors":
+        if d.scheme is None:
+            raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
+                            f"{CT_NVFP4_FORMAT} or {CT_FP8_FORMAT}")
+        return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
+                        _ignore(qc.get("ignore"), where)), _disagreement(d)
+    if d.producer == "fp8":
+        if d.scheme is None:
+            raise LintError(f"{where}: fp8 activation_scheme {qc.get('activation_scheme')!r} is neither static nor "
+                            "dynamic")
+        return Declared("fp8", d.scheme, f"config.json quant_method fp8, activation_scheme "
+                        f"{qc.get('activation_scheme')}, weight_block_size {qc.get('weight_block_size')}",
+                        _ignore(qc.get("ignored_layers") or qc.get("modules_to_not_convert"), where)), []
+    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors "
+                    "(nor fp8)")
+
+
+def ignored(module: str, patterns: Iterable[str]) -> bool:
+    """ModelOpt globs, compressed-tensors `re:` regexes, or plain names (also matching as a prefix)."""
+    for p in patterns:
+        if p.startswith("re:"):
+            if _compiled(p[3:]).match(module):
+                return True
+        elif fnmatch.fnmatchcase(module, p) or module == p or module.startswith(p + "."):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> Any:
+    return safe_regex(pattern, "ignore list")
+
+
