@@ -64,7 +64,7 @@ BAD = [
                                       "compressed-tensors\n    scheme: nvfp4_w4a4"), 25,
      "form 'legacy' (hf_quant_config.json) exists only for producer modelopt"),
     ("bad-expectation", _replace("expect: {resolves_to: w4a4}", "expect: {resolves_to: w4a16}"), 15,
-     "expected one of weight_only, w4a4, unquantized, rejected; got 'w4a16'"),
+     "expected one of weight_only, w4a4, fp8_static, fp8_dynamic, fp8_block, unquantized, rejected; got 'w4a16'"),
     ("waiver-bad-date", SMALL + "waivers:\n  - match: {arch: gb10}\n    reason: r\n    link: l\n"
      "    expires: next week\n", 32, "expected a date YYYY-MM-DD"),
     ("waiver-dangling-checkpoint", SMALL + "waivers:\n  - match: {checkpoint: tiny-w0}\n    reason: r\n    link: l\n"
@@ -99,12 +99,13 @@ def test_missing_file_is_a_matrix_error(tmp_path):
 
 
 def test_default_matrix_loads():
-    """The shipped default matrix is valid and covers both producers, every scheme and the three base modes."""
+    """The shipped default matrix is valid and covers every producer, every scheme and the three base modes."""
     from pathlib import Path
 
     m = load(Path(__file__).parent.parent / "matrices" / "default.yaml")
-    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "none"}
-    assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4"}
+    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "fp8", "none"}
+    assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", "fp8_static",
+                                                      "fp8_dynamic", "fp8_block"}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}
     assert {a.name for a in m.archs} >= {"sm100", "sm120", "sm121"}
 

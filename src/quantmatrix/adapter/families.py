@@ -39,10 +39,46 @@ def _unquantized(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return Reading("unquantized", "none", False)
 
 
+def _fp8(scheme: str, method: Any) -> Reading:
+    """FP8: the `fp8_backend` enum, its read-set named per activation scheme (a static kernel reads input_scale,
+    the same backend run dynamically reads none): FP8_<backend> or FP8_DYNAMIC_<backend>."""
+    kind = "FP8_" if scheme == "fp8_static" else "FP8_DYNAMIC_"
+    return Reading(scheme, kind + _enum_name(method, "fp8_backend"), False)
+
+
+def _fp8_modelopt(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """ModelOptFp8MoEMethod selects its backend for static per-tensor activations, always."""
+    return _fp8("fp8_static", method)
+
+
+def _fp8_hf(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """Fp8MoEMethod (quant_method fp8): block_quant, else its config's activation_scheme."""
+    if getattr(method, "block_quant", False):
+        return _fp8("fp8_block", method)
+    scheme = getattr(getattr(method, "quant_config", None), "activation_scheme", None)
+    if scheme not in ("static", "dynamic"):
+        raise AdapterMismatch(f"Fp8MoEMethod's quant_config.activation_scheme is {scheme!r}: update "
+                              "quantmatrix/adapter/families.py")
+    return _fp8("fp8_static" if scheme == "static" else "fp8_dynamic", method)
+
+
+def _fp8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """CompressedTensorsW8A8Fp8MoEMethod: block_quant, else static_input_scales."""
+    if not hasattr(method, "static_input_scales"):
+        raise AdapterMismatch(f"{type(method).__name__} has no static_input_scales: update "
+                              "quantmatrix/adapter/families.py")
+    if getattr(method, "block_quant", False):
+        return _fp8("fp8_block", method)
+    return _fp8("fp8_static" if method.static_input_scales else "fp8_dynamic", method)
+
+
 # vLLM MoE method class -> its family's reader
 READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "ModelOptNvFp4FusedMoE": _nvfp4,
     "CompressedTensorsW4A4Nvfp4MoEMethod": _nvfp4,
+    "ModelOptFp8MoEMethod": _fp8_modelopt,
+    "Fp8MoEMethod": _fp8_hf,
+    "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
     "UnquantizedFusedMoEMethod": _unquantized,
 }
 

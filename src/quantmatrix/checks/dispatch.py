@@ -30,7 +30,19 @@ _CONSEQUENCE = {
     ("unquantized", "weight_only"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
     ("unquantized", "w4a4"): "a bf16 checkpoint would be loaded through an NVFP4 kernel",
 }
-_SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "unquantized": "unquantized",
+_STATIC_READ = ("the kernel would read a per-tensor input_scale the checkpoint never filled (vLLM's initial value "
+                "or uninitialised memory scales every expert)")
+_CONSEQUENCE.update({
+    ("fp8_dynamic", "fp8_static"): _STATIC_READ,
+    ("fp8_block", "fp8_static"): _STATIC_READ,
+    ("fp8_static", "fp8_dynamic"): "the calibrated input_scale would be ignored: activations quantized per token, "
+                                   "not as the checkpoint was exported",
+    ("fp8_block", "fp8_dynamic"): "128x128 block scales would be read as per-tensor or per-channel scales",
+    ("fp8_dynamic", "fp8_block"): "per-tensor or per-channel weight scales would be read as a 128x128 block grid",
+    ("fp8_static", "fp8_block"): "per-tensor weight scales would be read as a 128x128 block grid",
+})
+_SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "fp8_static": "static-activation FP8",
+                 "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "unquantized": "unquantized",
                  "rejected": "a rejected"}
 
 

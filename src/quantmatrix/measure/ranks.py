@@ -141,5 +141,5 @@ def _kernel(path: Path, capability: tuple[int, int]) -> KernelFormat:
     """vLLM's conversion of a freshly built and loaded first block (conversion rewrites the parameters)."""
     build = layers.build(path, capability)
     assert build.layer is not None  # the same build just succeeded for this arch
-    build.layer.load(sentinel.checkpoint_tensors(path, build.layer.prefix)())
+    sentinel.load_accepted(build.layer, sentinel.checkpoint_tensors(path, build.layer.prefix)())
     return kernel.kernel_format(build.layer)

@@ -20,8 +20,17 @@ from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.measure import findings
 from quantmatrix.measure.loaded import AuditReport, Finding
 
-# (float sentinel, byte sentinel) per pass
-SENTINELS = ((float("nan"), 0xA5), (-7.25e4, 0x5A))
+# (float sentinel, byte sentinel) per pass. The float sentinels are both NaN, told apart by their bits: pass 0 the
+# canonical quiet NaN, pass 1 a quiet NaN with a payload (per float width), which no conversion of a loaded value
+# produces. Some of vLLM's loaders compare what a parameter already holds with the value they load (compressed-
+# tensors' w1/w3 input scales: `param != 1 and |param - loaded| > 1e-5` raises); NaN compares false, so a sentinel
+# never trips such a check, as the parameter's own initial value would not.
+SENTINELS = ((float("nan"), 0xA5), (float("nan"), 0x5A))
+# What vLLM's loaders refuse a tensor with (AttributeError: the layer has no parameter for it, e.g. an input_scale
+# beside a dynamic FP8 method); a refusal is a finding naming the tensor.
+REFUSALS = (RuntimeError, ValueError, AssertionError, IndexError, AttributeError)
+_PAYLOAD_NAN = {torch.bfloat16: (torch.int16, 0x7FC5), torch.float16: (torch.int16, 0x7E5A),
+                torch.float32: (torch.int32, 0x7FC5A5A5), torch.float64: (torch.int64, 0x7FF8A5A5A5A5A5A5)}
 
 
 def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
@@ -29,16 +38,23 @@ def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
     with torch.no_grad():
         for p in params.values():
             if p.dtype.is_floating_point and p.element_size() > 1:
-                p.data.fill_(fsent)
+                if pass_index == 0:
+                    p.data.fill_(fsent)
+                else:
+                    view, bits = _PAYLOAD_NAN[p.dtype]
+                    p.data.view(view).fill_(bits)
             else:  # uint8 packed weights, fp8 block scales: fill the bytes
                 p.data.view(torch.uint8).fill_(bsent)
 
 
 def held_sentinel(p: torch.Tensor, pass_index: int) -> torch.Tensor:
-    """Boolean mask of elements that still hold this pass's sentinel."""
-    fsent, bsent = SENTINELS[pass_index]
+    """Boolean mask of elements that still hold this pass's sentinel (pass 1: exactly its NaN's bits)."""
+    _, bsent = SENTINELS[pass_index]
     if p.dtype.is_floating_point and p.element_size() > 1:
-        return torch.isnan(p.data) if fsent != fsent else p.data == fsent
+        if pass_index == 0:
+            return torch.isnan(p.data)
+        view, bits = _PAYLOAD_NAN[p.dtype]
+        return p.data.view(view) == bits
     return p.data.view(torch.uint8) == bsent
 
 
@@ -84,11 +100,21 @@ def load_twice(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.
                 continue
             try:
                 layer.load([(name, tensor)])
-            except (RuntimeError, ValueError, AssertionError, IndexError) as e:
+            except REFUSALS as e:
                 refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         masks.append({n: held_sentinel(p, pass_index) for n, p in params.items()})
     refusals = [Finding(name, role_of(name), "refused", (), True, why) for name, why in sorted(refused.items())]
     return Loaded(params, {n: masks[0][n] & masks[1][n] for n in params}, refusals, layer.num_experts)
+
+
+def load_accepted(layer: MoELayer, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load the tensors vLLM's loaders accept, one at a time, passing over each one they refuse (the audit names
+    those): what a conversion measured after loading needs."""
+    for name, tensor in tensors:
+        try:
+            layer.load([(name, tensor)])
+        except REFUSALS:
+            continue
 
 
 def checkpoint_tensors(checkpoint_dir: Path, prefix: str = "") -> Callable[[], Iterable[tuple[str, torch.Tensor]]]:
