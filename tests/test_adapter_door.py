@@ -32,7 +32,8 @@ VLLM_NAMES = frozenset({
     "vllm_config", "model_config", "hf_config", "hf_text_config", "get_hidden_size", "target_scheme_map",
     "quantized_layers",
     # layers, quant methods and weight loading
-    "quant_method", "old_quant_method", "experts_cls", "use_a16", "akey", "nvfp4_backend", "moe_config",
+    "quant_method", "old_quant_method", "experts_cls", "use_a16", "akey", "nvfp4_backend", "fp8_backend",
+    "block_quant", "static_input_scales", "moe_config",
     "local_num_experts", "output_sizes", "weight_loader", "process_weights_after_loading",
     "get_fused_moe_quant_config", "load_model", "_map_global_expert_id_to_local_expert_id",
     # the platform the capability simulation patches

@@ -89,3 +89,27 @@ def test_bad_fp8_scale_values_are_named(tmp_path):
 def test_a_producer_refuses_a_format_it_does_not_write(tmp_path, producer, scheme):
     with pytest.raises(ValueError, match="ModelOpt exports no fp8_dynamic|not the per-channel"):
         build(tmp_path, producer=producer, scheme=scheme)
+
+
+def _method(cls: str, **attrs):
+    """A stand-in carrying only the class name and attributes families.read looks at (the real methods are built
+    by the cpu tier's layer_dispatch on every arch)."""
+    return type(cls, (), attrs)()
+
+
+def test_families_name_each_fp8_read_set_by_activation_scheme():
+    import enum
+
+    from quantmatrix.adapter import families
+
+    backend = enum.Enum("Fp8MoeBackend", {"TRITON": "TRITON"}).TRITON
+    no_a16 = lambda m: False  # noqa: E731
+    static = families.read(_method("ModelOptFp8MoEMethod", fp8_backend=backend), no_a16)
+    assert (static.scheme, static.backend, static.weight_only) == ("fp8_static", "FP8_TRITON", False)
+    dyn = families.read(_method("CompressedTensorsW8A8Fp8MoEMethod", fp8_backend=backend, static_input_scales=False,
+                                block_quant=False), no_a16)
+    assert (dyn.scheme, dyn.backend) == ("fp8_dynamic", "FP8_DYNAMIC_TRITON")
+    block = families.read(_method("Fp8MoEMethod", fp8_backend=backend, block_quant=True), no_a16)
+    assert (block.scheme, block.backend) == ("fp8_block", "FP8_DYNAMIC_TRITON")
+    with pytest.raises(families.AdapterMismatch, match="CompressedTensorsW8A8Int8MoEMethod is in no family"):
+        families.read(_method("CompressedTensorsW8A8Int8MoEMethod"), no_a16)

@@ -24,15 +24,16 @@ class Reading:
     weight_only: bool  # activations run unquantized (the method's own view)
 
 
-def _enum_name(method: Any, attr: str) -> str:
-    value = getattr(method, attr, None)
+def _enum_name(value: Any) -> str:
+    """A backend enum's value, "none" when the method keeps none."""
     return getattr(value, "value", str(value)) if value is not None else "none"
 
 
 def _nvfp4(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     """NVFP4: `use_a16` (where each release keeps it: adapter.layers) and the `nvfp4_backend` enum, named as is."""
     weight_only = use_a16(method)
-    return Reading("weight_only" if weight_only else "w4a4", _enum_name(method, "nvfp4_backend"), weight_only)
+    backend = _enum_name(getattr(method, "nvfp4_backend", None))
+    return Reading("weight_only" if weight_only else "w4a4", backend, weight_only)
 
 
 def _unquantized(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
@@ -43,7 +44,7 @@ def _fp8(scheme: str, method: Any) -> Reading:
     """FP8: the `fp8_backend` enum, its read-set named per activation scheme (a static kernel reads input_scale,
     the same backend run dynamically reads none): FP8_<backend> or FP8_DYNAMIC_<backend>."""
     kind = "FP8_" if scheme == "fp8_static" else "FP8_DYNAMIC_"
-    return Reading(scheme, kind + _enum_name(method, "fp8_backend"), False)
+    return Reading(scheme, kind + _enum_name(getattr(method, "fp8_backend", None)), False)
 
 
 def _fp8_modelopt(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
