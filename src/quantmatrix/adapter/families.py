@@ -9,7 +9,7 @@ the layer builder (adapter.layers) and every check read `MoELayer.scheme` / `.ba
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from quantmatrix.errors import AdapterMismatch
@@ -43,8 +43,7 @@ def _unquantized(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
 def _fp8(scheme: str, method: Any) -> Reading:
     """FP8: the `fp8_backend` enum, its read-set named per activation scheme (a static kernel reads input_scale,
     the same backend run dynamically reads none): FP8_<backend> or FP8_DYNAMIC_<backend>."""
-    kind = "FP8_" if scheme == "fp8_static" else "FP8_DYNAMIC_"
-    return Reading(scheme, kind + _enum_name(getattr(method, "fp8_backend", None)), False)
+    return Reading(scheme, READ_SET_PREFIX[scheme] + _enum_name(getattr(method, "fp8_backend", None)), False)
 
 
 def _fp8_modelopt(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
@@ -71,6 +70,28 @@ def _fp8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     if getattr(method, "block_quant", False):
         return _fp8("fp8_block", method)
     return _fp8("fp8_static" if method.static_input_scales else "fp8_dynamic", method)
+
+
+# resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
+# name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
+READ_SET_PREFIX: dict[str, str | None] = {
+    "weight_only": "", "w4a4": "",
+    "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_",
+    "unquantized": None,
+}
+
+
+def read_sets(scheme: str, names: Iterable[str]) -> list[str] | None:
+    """The read-set names (of `names`) a method running `scheme` can report, by READ_SET_PREFIX; None where the
+    scheme runs no kernel backend. A word no row names is a scheme quantmatrix has not been taught."""
+    if scheme not in READ_SET_PREFIX:
+        raise AdapterMismatch(f"resolves_to {scheme!r} has no READ_SET_PREFIX row: add it to "
+                              "quantmatrix/adapter/families.py")
+    prefix = READ_SET_PREFIX[scheme]
+    if prefix is None:
+        return None
+    prefixes = {p for p in READ_SET_PREFIX.values() if p is not None}
+    return [n for n in names if max((p for p in prefixes if n.startswith(p)), key=len) == prefix]
 
 
 # vLLM MoE method class -> its family's reader

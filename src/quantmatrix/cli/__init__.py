@@ -16,10 +16,10 @@ import tempfile
 import traceback
 
 from quantmatrix.bounded import shown
-from quantmatrix.cli import bisect, checkpoints, ci, initcheck, matrix, report, repro
+from quantmatrix.cli import bisect, checkpoints, ci, docs, initcheck, matrix, report, repro
 from quantmatrix.errors import QuantmatrixError
 
-_MODULES = (matrix, report, checkpoints, bisect, initcheck, repro, ci)
+_MODULES = (matrix, report, checkpoints, bisect, initcheck, repro, ci, docs)
 
 
 def parser() -> argparse.ArgumentParser:
