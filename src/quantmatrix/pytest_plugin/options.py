@@ -82,6 +82,9 @@ STRICT_CHECKPOINTS = Flag("--strict-checkpoints", "fail, instead of skip, cases 
 _HEALTH_S = 120.0
 HEALTH_TIMEOUT = Flag("--vllm-health-timeout", "time limit of the one-per-session check that the vLLM under test "
                                                f"imports (default {_HEALTH_S:g})", _seconds, _HEALTH_S, "S")
+HEALTH_CHILD = Flag("--vllm-health-child", "check the vLLM under test in a child process even where this process runs "
+                                           "the cases (a cold start then imports vLLM twice, but survives an import "
+                                           "that crashes the interpreter)")
 GPUS_PER_WORKER = Flag("--gpus-per-worker", "under pytest-xdist, pin each worker to its own N GPUs with "
                                             "CUDA_VISIBLE_DEVICES (worker gwK gets GPUs K*N .. K*N+N-1 of those "
                                             "visible); run with -n <GPUs / N>", _gpus, metavar="N")
@@ -95,5 +98,5 @@ COMPUTE_SANITIZER = Flag("--compute-sanitizer", "the compute-sanitizer a mode wi
                                                 "engine in (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)",
                          _executable, metavar="PATH")
 
-FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, GPUS_PER_WORKER, TIME_LIMIT,
-         UPDATE_REFERENCES, COMPUTE_SANITIZER)
+FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, HEALTH_CHILD, GPUS_PER_WORKER,
+         TIME_LIMIT, UPDATE_REFERENCES, COMPUTE_SANITIZER)
