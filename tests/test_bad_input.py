@@ -34,6 +34,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 @pytest.fixture
 def matrices(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "matrices", tmp_path / "matrices")
+    (tmp_path / ".git").mkdir()  # a repository holding matrices/ and the references beside it
     return tmp_path / "matrices"
 
 

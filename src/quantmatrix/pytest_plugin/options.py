@@ -14,6 +14,7 @@ from typing import Any
 
 from quantmatrix.errors import OptionError
 from quantmatrix.schema.load import DEFAULT_MATRIX
+from quantmatrix.schema.yamldoc import TRUST_FLAG
 
 RUN_ID_ENV = "QUANTMATRIX_RUN_ID"  # set by `quantmatrix run`, stamped into the JUnit file
 
@@ -72,6 +73,8 @@ class Flag:
 
 MATRIX_HELP = f"matrix YAML file (default: {DEFAULT_MATRIX} under the rootdir)"
 MATRIX = Flag("--matrix", MATRIX_HELP, _text, metavar="FILE")
+TRUST_MATRIX = Flag(TRUST_FLAG, "accept a matrix that sets trust_remote_code (the checkpoint's own Python runs in "
+                                "the engine) or names files outside its repository: a matrix is data otherwise")
 ARCH = Flag("--arch", "treat this host as arch NAME (name or alias) instead of detecting its GPUs", _arch,
             metavar="NAME")
 STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cases whose arch this host lacks "
@@ -98,5 +101,5 @@ COMPUTE_SANITIZER = Flag("--compute-sanitizer", "the compute-sanitizer a mode wi
                                                 "engine in (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)",
                          _executable, metavar="PATH")
 
-FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, HEALTH_CHILD, GPUS_PER_WORKER,
+FLAGS = (MATRIX, TRUST_MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, HEALTH_CHILD, GPUS_PER_WORKER,
          TIME_LIMIT, UPDATE_REFERENCES, COMPUTE_SANITIZER)

@@ -124,7 +124,7 @@ def resolve(config: pytest.Config) -> Settings:
     matrix = host = None
     if path is not None:
         try:
-            matrix = load(path)
+            matrix = load(path, opt["trust_matrix"])
             host = _host(config, matrix, opt["arch"])
         except QuantmatrixError as e:
             raise pytest.UsageError(f"{e} (matrix from {source})") from None
