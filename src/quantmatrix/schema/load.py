@@ -86,8 +86,7 @@ _TOP = {
 
 
 def load(path: str | Path, trusted: bool = False) -> Matrix:
-    """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column. `trusted`
-    (--trust-matrix) lets it set trust_remote_code and name files outside its repository."""
+    """Parse and validate a matrix file (`trusted`: --trust-matrix); a problem is a MatrixError at file:line:col."""
     path = Path(path)
     try:
         data = bounded.read_bytes(path, "matrix")
