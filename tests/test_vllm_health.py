@@ -358,3 +358,24 @@ def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_
     assert seconds < 60, f"a stale ok took {seconds:.1f} s to turn into one shared cause"
     result = pytester.runpytest_subprocess(*args)  # the next session checks afresh: nothing stale is left
     result.assert_outcomes(passed=CELLS, errors=2 * CELLS)
+
+
+def test_an_import_error_behind_the_adapters_own_error_counts_as_unpredicted():
+    """adapter/nvfp4.py names an import it cannot make as an AdapterMismatch raised from the import's error: that
+    is an import failure for the stale-verdict watch (the cpu tier's dequant_logits cases met it first); an error
+    of the case's own is not."""
+    from quantmatrix.errors import AdapterMismatch
+    from quantmatrix.pytest_plugin.health import _import_failure
+
+    def adapter() -> None:
+        try:
+            __import__("quantmatrix_no_such_module.inner")
+        except ImportError as e:
+            raise AdapterMismatch("vLLM x: no dequantize_to_dtype; update quantmatrix/adapter/nvfp4.py") from e
+
+    with pytest.raises(AdapterMismatch) as wrapped:
+        adapter()
+    assert _import_failure(wrapped)
+    with pytest.raises(AssertionError) as own:
+        assert 1 == 2
+    assert not _import_failure(own)

@@ -23,6 +23,7 @@ import hashlib
 import importlib.metadata
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +152,17 @@ def session_health(config: pytest.Config, here: bool = True) -> Health | None:
 
 
 def _import_failure(excinfo: pytest.ExceptionInfo[BaseException]) -> bool:
-    """The error came out of an import: an ImportError, or anything raised while a module was executing."""
-    if excinfo.errisinstance(ImportError):
-        return True
-    return any(str(entry.path).startswith("<frozen importlib") for entry in excinfo.traceback)
+    """The error came out of an import: an ImportError, or anything raised while a module was executing, itself
+    or as the cause of what the case raised (the adapter names an import it cannot make as an AdapterMismatch)."""
+    error: BaseException | None = excinfo.value
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ImportError) or any(
+                f.filename.startswith("<frozen importlib") for f in traceback.extract_tb(error.__traceback__)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def unpredicted(config: pytest.Config, case: Case, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
