@@ -187,3 +187,13 @@ def junit_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> S
     # Subprocess runs (xdist) must import quantmatrix from this checkout whatever the cwd.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])))
     return SuiteRunner(pytester)
+
+
+@pytest.fixture(autouse=True)
+def _no_hypothesis_plugin_in_the_runs_a_test_starts(request: pytest.FixtureRequest,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest runs a pytester test starts load no hypothesis plugin: it imports hypothesis at each session's
+    end (~2 s of every subprocess run here), and none of the generated suites uses it."""
+    if "pytester" in request.fixturenames:
+        opts = os.environ.get("PYTEST_ADDOPTS", "")
+        monkeypatch.setenv("PYTEST_ADDOPTS", f"{opts} -p no:hypothesispytest".strip())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from quantmatrix.host import detect
 from quantmatrix.schema.model import Case, Cell, Matrix
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = """\
 version: 1
 archs:
@@ -59,6 +61,15 @@ def write(tmp: Path, text: str = SMALL, name: str = "m.yaml") -> Path:
     path = tmp / name
     path.write_text(text)
     return path
+
+
+def default_variant(tmp: Path, text: str, name: str = "m.yaml") -> Path:
+    """A variant of matrices/default.yaml in a repository of its own under `tmp` (a matrix reads files only inside
+    its repository): `.git`, and matrices/ with the prompts and tasks the default names."""
+    (tmp / ".git").mkdir(exist_ok=True)
+    for part in ("prompts", "tasks"):
+        shutil.copytree(ROOT / "matrices" / part, tmp / "matrices" / part, dirs_exist_ok=True)
+    return write(tmp / "matrices", text, name)
 
 
 def case_for(matrix: Matrix, checkpoint_id: str, check: str, arch: str = "sm121", mode: str = "default") -> Case:

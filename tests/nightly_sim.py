@@ -15,48 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from standin_vllm import install
+from standin_vllm import TESTS, install, two_arch_matrix
 
 from quantmatrix.cli import main
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 TODAY = datetime.date.today()
 
-MATRIX = """\
-version: 1
-archs:
-  - {name: sm120, capability: "12.0", aliases: [rtx_pro_6000], label: RTX PRO 6000,
-     engine_args: {fake_kernel: reference}}
-  - {name: sm121, capability: "12.1", aliases: [gb10], label: GB10, engine_args: {fake_kernel: KERNEL}}
-modes:
-  - {name: default, label: default}
-schemes:
-  - name: bf16
-    marker: bf16
-    label: bf16
-    expect:
-      degeneration: {max_repeat_run: 4, min_distinct_1: 0.5, min_distinct_2: 0.5, max_compression_ratio: 6}
-      degenerate: false
-      agreement_top_k: 3
-checks:
-  - {name: degeneration, kind: e2e, tier: gpu, vllm: [engine], description: greedy output is not degenerate}
-checkpoints:
-  - {id: tiny-a, source: {path: ck}, producer: none, scheme: bf16}
-  - {id: tiny-b, source: {path: ck}, producer: none, scheme: bf16}
-e2e:
-  prompts: prompts.txt
-  references: refs
-  max_tokens: 6
-  logprobs: 5
-  timeout_s: 120
-  reference_mode: default
-"""
-TESTS = """\
-from quantmatrix.checks import e2e as verdicts
-
-def test_degeneration(case, engine_run, judge):
-    judge(verdicts.degeneration, case, engine_run)
-"""
+MATRIX = two_arch_matrix("tiny-a", "tiny-b")
 
 
 class Nightly:

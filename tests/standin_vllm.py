@@ -86,6 +86,51 @@ MODULES = {"vllm.model_executor.model_loader.base_loader": "initialize_model = p
            "vllm.entrypoints.llm": "import vllm.model_executor.layers.quantization  # noqa: F401\n"}
 
 
+# The matrix of a night over two archs (tests/nightly_sim.py, tests/test_crossarch_plugin.py): one e2e check on
+# bf16 checkpoints served by this stand-in, whose tokens follow each arch's `fake_kernel` (KERNEL: sm121's, set
+# per run). TESTS is its suite.
+_TWO_ARCHS = """\
+version: 1
+archs:
+  - {name: sm120, capability: "12.0", aliases: [rtx_pro_6000], label: RTX PRO 6000,
+     engine_args: {fake_kernel: reference}}
+  - {name: sm121, capability: "12.1", aliases: [gb10], label: GB10, engine_args: {fake_kernel: KERNEL}}
+modes:
+  - {name: default, label: default}
+schemes:
+  - name: bf16
+    marker: bf16
+    label: bf16
+    expect:
+      degeneration: {max_repeat_run: 4, min_distinct_1: 0.5, min_distinct_2: 0.5, max_compression_ratio: 6}
+      degenerate: false
+      agreement_top_k: 3
+checks:
+  - {name: degeneration, kind: e2e, tier: gpu, vllm: [engine], description: greedy output is not degenerate}
+checkpoints:
+CHECKPOINTS
+e2e:
+  prompts: prompts.txt
+  references: refs
+  max_tokens: 6
+  logprobs: 5
+  timeout_s: 120
+  reference_mode: default
+"""
+TESTS = """\
+from quantmatrix.checks import e2e as verdicts
+
+def test_degeneration(case, engine_run, judge):
+    judge(verdicts.degeneration, case, engine_run)
+"""
+
+
+def two_arch_matrix(*checkpoints: str) -> str:
+    """The two-arch matrix with these bf16 checkpoint ids (each from the project's `ck` directory)."""
+    lines = [f"  - {{id: {ck}, source: {{path: ck}}, producer: none, scheme: bf16}}" for ck in checkpoints]
+    return _TWO_ARCHS.replace("CHECKPOINTS", "\n".join(lines))
+
+
 BROKEN = {"vllm.model_executor.layers.quantization":
           "raise AttributeError(\"module 'cuda.bindings.runtime' has no attribute 'cudaLibrary_t'\")\n"}
 

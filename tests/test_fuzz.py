@@ -108,6 +108,7 @@ def matrix_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of matrices/ (its prompts and task files), where the mutated matrices are written."""
     d = tmp_path_factory.mktemp("fuzz-matrices")
     shutil.copytree(ROOT / "matrices", d / "matrices")
+    (d / ".git").mkdir()  # a repository holding matrices/ and the references beside it
     return d / "matrices"
 
 

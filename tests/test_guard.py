@@ -17,6 +17,7 @@ from pathlib import Path
 
 import guard_variants
 import pytest
+from matrixkit import default_variant
 from prefix_bug import revert_weight_only_promotion
 
 from quantmatrix.adapter import layers
@@ -312,21 +313,19 @@ def test_read_sets_ship_with_the_package_and_a_matrix_overrides_them(tmp_path, m
     text = (ROOT / "matrices" / "default.yaml").read_text(encoding="utf-8")
     extra = ("\nmoe_backends:\n  - {name: MARLIN, reads: [weight, block_scale, global_scale, input_scale], label: m}\n"
              "  - {name: NEW_KERNEL, reads: [weight], label: n}\n")
-    (tmp_path / "prompts").symlink_to(ROOT / "matrices" / "prompts")
-    (tmp_path / "m.yaml").write_text(text + extra, encoding="utf-8")
-    m = load(tmp_path / "m.yaml")
+    matrix = default_variant(tmp_path, text + extra)
+    m = load(matrix)
     assert m.moe_backends["MARLIN"].reads_activation_scales and m.moe_backends["NEW_KERNEL"].reads == {"weight"}
     assert m.moe_backends["VLLM_CUTLASS"] == packaged["VLLM_CUTLASS"]
-    monkeypatch.setenv(plugin.BACKENDS_ENV, str(tmp_path / "m.yaml"))
+    monkeypatch.setenv(plugin.BACKENDS_ENV, str(matrix))
     plugin.backends.cache_clear()
     try:
         assert plugin.backends() == m.moe_backends
     finally:
         plugin.backends.cache_clear()
-    (tmp_path / "dup.yaml").write_text(text + extra + "  - {name: MARLIN, reads: [weight], label: again}\n",
-                                       encoding="utf-8")
+    dup = default_variant(tmp_path, text + extra + "  - {name: MARLIN, reads: [weight], label: again}\n", "dup.yaml")
     with pytest.raises(MatrixError, match=r"dup.yaml:\d+:\d+: duplicate MoE backend 'MARLIN'"):
-        load(tmp_path / "dup.yaml")
+        load(dup)
 
 
 def test_a_loader_call_the_guard_cannot_read_never_breaks_loading_but_fails_the_guard(cache, monkeypatch):

@@ -44,6 +44,12 @@ BAD = [
      "marker 'nocache' is used both as arch and as mode"),
     ("env-not-string", _replace('PYTORCH_NO_CUDA_MEMORY_CACHING: "1"', "PYTORCH_NO_CUDA_MEMORY_CACHING: true"),
      9, "environment values are strings"),
+    ("trust-remote-code", _replace("engine_args: {enforce_eager: true}",
+                                   "engine_args: {enforce_eager: true, trust_remote_code: true}"), 10,
+     "modes[1].engine_args.trust_remote_code: a matrix is data, and this runs the checkpoint's own Python in the "
+     "engine (--trust-matrix allows it)"),
+    ("path-outside-repository", _replace("source: {synthetic: {model: qwen3_moe}}", "source: {path: ../elsewhere}"),
+     21, "checkpoints[0].source.path: '../elsewhere' is "),
     ("env-ld-preload", _replace('PYTORCH_NO_CUDA_MEMORY_CACHING: "1"', "LD_PRELOAD: /tmp/x.so"), 9,
      "modes[1].env: 'LD_PRELOAD' is not a variable a matrix may set for the engine (only CUDA_*, PYTORCH_*, TORCH_*, "
      "VLLM_*, QUANTMATRIX_*, NCCL_*: a matrix is data, not code)"),
@@ -129,3 +135,23 @@ def test_a_layout_marker_may_not_mean_a_mode_too(tmp_path):
                          "  - {name: tp2, label: a mode that took a layout's name}")
     with pytest.raises(MatrixError, match=r"marker 'tp2' is used both as mode and as layout"):
         load(write(tmp_path, text + "layouts:\n  - {tp: 2}\n"))
+
+
+def test_trust_matrix_lets_a_matrix_run_remote_code_and_name_files_outside_its_repository(tmp_path):
+    """What --trust-matrix allows; without it, a symlink out of the repository is outside it too, while a file
+    elsewhere in the matrix's git repository (above the matrix's own directory) is inside."""
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "matrices").mkdir()
+    outside.mkdir()
+    (repo / "ck").mkdir()
+    (repo / "matrices" / "link").symlink_to(outside)
+    inside = write(repo / "matrices", _replace("source: {synthetic: {model: qwen3_moe}}", "source: {path: ../ck}"))
+    assert load(inside).checkpoints[0].source.value == repo / "ck"
+    linked = write(repo / "matrices", _replace("source: {synthetic: {model: qwen3_moe}}", "source: {path: link}"))
+    with pytest.raises(MatrixError, match=rf"m.yaml:21:\d+: .*is {re.escape(str(outside))}, outside the matrix's "
+                                          rf"repository {re.escape(str(repo))}"):
+        load(linked)
+    assert load(linked, trusted=True).checkpoints[0].source.value == outside
+    remote = write(tmp_path, _replace("engine_args: {enforce_eager: true}", "engine_args: {trust_remote_code: true}"))
+    assert load(remote, trusted=True).modes[1].engine_args == {"trust_remote_code": True}

@@ -3,14 +3,20 @@ not; agreement follows check_logprobs_close; Wilson bounds; references are keyed
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 import pytest
 
+from quantmatrix import properties as P
 from quantmatrix.checks import quality
 from quantmatrix.engine import references
 from quantmatrix.measure import hf
+from quantmatrix.report import render_md
+from quantmatrix.report.build import build
+from quantmatrix.report.model import grid
 from quantmatrix.schema.load import load
 from quantmatrix.schema.model import Cell
 
@@ -133,6 +139,42 @@ def test_references_are_keyed_by_checkpoint_scheme_and_mode(tmp_path):
     with pytest.raises(references.ReferenceMissing, match="keyed"):
         references.load(tmp_path, _cell("poison_nan"), "outputs")
     assert not list(p.parent.glob(".*.tmp"))  # written through a temp file, nothing left behind
+
+
+def test_an_engine_reference_is_kept_per_arch_family_and_every_new_reference_is_unreviewed(tmp_path):
+    """A transformers reference is one file for every arch; an engine reference (real.yaml) carries its arch
+    family: sm120 and sm121 share sm12x's file, sm100 writes its own. Each file written is unreviewed until a
+    person sets `reviewed` true; the committed files, from before the field, count as reviewed."""
+    real = load(ROOT / "matrices" / "real.yaml")
+    engine = next(c for c in real.checkpoints if c.expectation("reference", default=None) == "engine")
+    arch = {a.name: a for a in real.archs}
+    cells = {name: Cell(engine, arch[name], real.modes[0]) for name in ("sm120", "sm121", "sm100")}
+    where = {name: references.path(tmp_path, cell, "outputs") for name, cell in cells.items()}
+    assert where["sm120"] == where["sm121"] == where["sm120"].parent.parent / "sm12x" / "outputs.json"
+    assert where["sm100"].parent.name == "sm10x"
+    assert references.path(tmp_path, Cell(BF16, MATRIX.archs[0], MATRIX.mode("default")), "outputs") == \
+        tmp_path / BF16.id / "bf16" / "default" / "outputs.json"
+    written = references.write(tmp_path, cells["sm121"], "outputs", {"outputs": []}, {"source": "engine"})
+    assert written == where["sm121"] and not references.reviewed(references.load(tmp_path, cells["sm120"], "outputs"))
+    assert references.reviewed(REFERENCE) and "reviewed" not in REFERENCE
+
+
+def test_the_report_lists_the_cases_compared_with_an_unreviewed_reference(tmp_path):
+    """The first night of a new reference: its cases still pass or fail against it, and matrix.md lists each
+    with the file a person has yet to accept."""
+    cell = "qwen36-35b-a3b-nvfp4-weight-only@sm121-default"
+    ref = "references/qwen36/nvfp4/default/sm12x/outputs.json"
+    props = {P.CHECKPOINT: cell.split("@")[0], P.ARCH: "sm121", P.MODE: "default", P.CHECK: "agreement",
+             P.CELL: cell, P.UNREVIEWED_REFERENCE: ref}
+    xml = "".join(f'<property name="{k}" value={quoteattr(v)}/>' for k, v in props.items())
+    junit = tmp_path / "junit.xml"
+    junit.write_text(f'<testsuites><testsuite name="s"><testcase classname="suites.test_e2e" '
+                     f'name="test_agreement[{cell}]" time="1"><properties>{xml}</properties></testcase>'
+                     "</testsuite></testsuites>")
+    report = build([str(junit)], None, night="n1", date=datetime.date(2026, 12, 5))
+    md = render_md.render(report, grid(report)).splitlines()
+    at = md.index("## Compared with unreviewed references (docs/runners.md: First GPU references) (1)")
+    assert md[at + 2] == f"- `suites.test_e2e::test_agreement[{cell}]` passed: `{ref}`"
 
 
 def test_zeroed_experts_are_flagged_by_agreement_not_by_degeneration():

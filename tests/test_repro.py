@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,8 +156,11 @@ def night(tmp_path_factory):
 
 def _make_night(tmp: Path) -> None:
     """The run's JUnit (CPU kinds, real), the GPU runner's records, a night's engine store, and the bundles."""
-    matrix_path = tmp / "matrix.yaml"
-    matrix_path.write_text(MATRIX.replace("{root}", str(ROOT)), encoding="utf-8")
+    matrix_path = tmp / "matrix.yaml"  # in a repository of its own, with the prompts and references it names
+    (tmp / ".git").mkdir()
+    shutil.copytree(ROOT / "matrices" / "prompts", tmp / "matrices" / "prompts")
+    shutil.copytree(ROOT / "references", tmp / "references")
+    matrix_path.write_text(MATRIX.replace("{root}", str(tmp)), encoding="utf-8")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTMATRIX_CACHE", str(tmp / "cache"))
         matrix = load(matrix_path)

@@ -1,15 +1,18 @@
 """What a GPU runner's pytest run records and how it shares the host, through pytester: the vLLM under test named
 exactly in every JUnit file (version, commit, wheel), one xdist worker per GPU pinned with CUDA_VISIBLE_DEVICES,
 and a time limit that still writes JUnit with the cases it did not reach skipped as "not run". No GPU here: the
-GPU list is given through CUDA_VISIBLE_DEVICES, as the runner's environment would."""
+GPU list is given through CUDA_VISIBLE_DEVICES, as the runner's environment would. The GPU-counting runs start no
+engine: their vLLM is tests/standin_vllm.py's (its health check takes a blink, the real import ~10 s a run)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 from matrixkit import GPUS_MATRIX, gpu_less_suite
+from standin_vllm import install
 
 from quantmatrix import properties as P
 from quantmatrix.adapter import versions
@@ -164,6 +167,15 @@ def test_a_blank_arch_is_a_usage_error_naming_the_flag(suite, value):
     result.stderr.fnmatch_lines(["*--arch needs a name from the matrix, e.g. --arch sm120 or --arch gb10*"])
 
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _standin_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The subprocess runs import the stand-in vLLM (and this checkout's plugin)."""
+    site = install(pytester.path.parent / f"{pytester.path.name}-site")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(SRC)]))
+
+
 FOUR_GB10 = "#!/bin/sh\nfor i in 0 1 2 3; do echo \"$i, NVIDIA GB10, 12.1\"; done\n"
 
 
@@ -183,6 +195,7 @@ def test_a_pinned_worker_counts_only_its_own_gpus_with_nvidia_smi_faked(pytester
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
+    _standin_vllm(pytester, monkeypatch)
     (pytester.path / "ck").mkdir()
     pytester.makefile(".yaml", m=GPUS_MATRIX)
     record = "    record_property('visible', os.environ['CUDA_VISIBLE_DEVICES'])\n"
@@ -232,10 +245,12 @@ def test_the_one_runner_per_gpu_recipe_runs_one_worker_on_its_own_gpu_with_nvidi
     """docs/runners.md's recipe on a host of two GB10s: the runner of GPU 1 (CUDA_VISIBLE_DEVICES=1 in its .env).
     Its job runs what `--spread 1` gives (no xdist: one GPU), detection sees that one GPU as cuda:0, the one-GPU
     checkpoint's engine check runs and the two-GPU one skips naming both counts. What the job did before (two
-    workers, from nvidia-smi -L's count) stops at once with a usage error naming the fix."""
+    workers, from nvidia-smi -L's count) stopped at once with a usage error naming the fix
+    (test_a_worker_without_gpus_of_its_own_stops_the_run_naming_the_flag); `spread(1) == []` is what fails on it."""
     _nvidia_smi(pytester.path, monkeypatch, TWO_GB10)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     monkeypatch.delenv("QUANTMATRIX_ARCH", raising=False)
+    _standin_vllm(pytester, monkeypatch)
     (pytester.path / "ck").mkdir()
     pytester.makefile(".yaml", m=GPUS_MATRIX)
     pytester.makepyfile(test_serves="import os\n\n\ndef test_serves(case, record_property):\n"
@@ -248,7 +263,3 @@ def test_the_one_runner_per_gpu_recipe_runs_one_worker_on_its_own_gpu_with_nvidi
                                  "*big needs 2 GPUs of sm121 (GB10); this host has 1*"])
     _, cases = _junit(pytester.path / "j.xml")
     assert [props["visible"] for _, props, why in cases if why is None] == ["1"]
-    old = pytester.runpytest_subprocess(*args, "-n", "2", "--dist", "loadgroup", "--gpus-per-worker", "1")
-    assert old.ret == pytest.ExitCode.USAGE_ERROR
-    old.stderr.fnmatch_lines(["*--gpus-per-worker 1: worker gw1 has no 1 GPUs of its own (1 visible: 1); run with "
-                              "-n 1*"])

@@ -10,6 +10,7 @@ from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 import pytest
+from matrixkit import default_variant
 
 from quantmatrix import properties as P
 from quantmatrix.checks import sanitize
@@ -175,11 +176,8 @@ def test_the_cli_names_the_findings_of_a_saved_log(tmp_path, capsys):
                  str(run.directory / "result.json"), "--json"]) == 1
     assert [f["tensor"] for f in json.loads(capsys.readouterr().out)[P.UNINIT_PARAM_READS]] == [
         "model.layers.0.mlp.experts.w2_input_scale", "model.layers.1.mlp.experts.w13_input_scale"]
-    matrix = tmp_path / "m.yaml"
-    matrix.write_text((ROOT / "matrices" / "default.yaml").read_text().replace(
+    matrix = default_variant(tmp_path, (ROOT / "matrices" / "default.yaml").read_text().replace(
         "      silence: []", "      silence: [{kernel: '*', reason: known, link: 'https://x/2'}]"))
-    (tmp_path / "prompts").symlink_to(ROOT / "matrices" / "prompts")
-    (tmp_path / "tasks").symlink_to(ROOT / "matrices" / "tasks")
     assert main(["initcheck", str(run.directory), "--mode", "sanitize", "--matrix", str(matrix)]) == 0
     out = capsys.readouterr().out
     assert "OK no tensor of the model was read where nobody wrote" in out

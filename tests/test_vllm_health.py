@@ -2,10 +2,11 @@
 at once with the same message, the cases that need no vLLM still run, and JUnit, the terminal and the report
 carry one `vllm_health` record.
 
-The broken vLLMs are fakes on PYTHONPATH (only the health child imports them): a package whose every `vllm.*`
-module is synthesised empty, except that, per FAKE_VLLM, its quantization package raises the error the issue
-saw, its config import hangs or segfaults, or only its layer-side import fails. Each import of the package
-appends a line to FAKE_VLLM_LOG, which counts the health children."""
+The broken vLLMs are fakes on PYTHONPATH: a package whose every `vllm.*` module is synthesised empty, except that,
+per FAKE_VLLM, its quantization package raises the error the issue saw, its config import hangs or segfaults, or
+only its layer-side import fails. Each import of the package appends a line to FAKE_VLLM_LOG, which counts the
+imports. Inline runs pass --vllm-health-child (only the health child, a subprocess, sees the fake); the check in
+the process that runs the cases (the default) is shown by subprocess runs, where the fake is on the path."""
 
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ def test_reads_files(case):
     pass
 """
 CELLS = 2 * 2 * 2  # checkpoints x archs x modes, per check
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture
@@ -99,7 +101,7 @@ def fake_vllm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_pa
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text(FAKE_INIT)
     log = tmp_path / "imports.log"
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(SRC)]))  # this checkout in the subprocesses
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path / "cache"))
     (pytester.path / "ck").mkdir()
@@ -130,7 +132,8 @@ def _errors(pytester: pytest.Pytester) -> dict[str, str]:
 
 def _run(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, float]:
     start = time.monotonic()
-    result = pytester.runpytest("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml=j.xml", *args)
+    result = pytester.runpytest("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml=j.xml",
+                                "--vllm-health-child", *args)
     return result, time.monotonic() - start
 
 
@@ -194,6 +197,48 @@ def test_an_import_that_segfaults_is_named_with_the_signal(fake_vllm):
                in m for m in _errors(pytester).values())
     assert _children(log) == 2
     assert "vllm_health: broken: config (vllm.config: crashed the process (signal 11: SIGSEGV))" in result.stdout.str()
+
+
+def _run_here(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """A subprocess session that checks in the process running the cases (the fake vLLM is on its path)."""
+    return pytester.runpytest_subprocess("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml=j.xml", *args)
+
+
+def test_where_the_session_runs_its_cases_the_check_imports_vllm_there_once(fake_vllm):
+    """No child: the one import of vLLM is this process's own (a cold start pays for it once, not twice), and a
+    raising import is still one shared message on every vLLM case."""
+    pytester, install = fake_vllm
+    log = install("quant_raises")
+    _run_here(pytester).assert_outcomes(passed=CELLS, errors=2 * CELLS)
+    assert _children(log) == 1
+    assert all("vLLM under test broken, not tested: config (import vllm.model_executor.layers.quantization" in m
+               for m in _errors(pytester).values())
+
+
+def test_a_hang_in_the_sessions_own_check_is_cut_at_the_time_limit_with_its_frames(fake_vllm):
+    """The import runs in a thread of its own: at --vllm-health-timeout the session names the hang and the frame
+    it hangs in, and goes on."""
+    pytester, install = fake_vllm
+    install("hang")
+    result = _run_here(pytester, "--vllm-health-timeout", "1")
+    result.assert_outcomes(passed=CELLS, errors=2 * CELLS)
+    assert all("config (vllm.config: hung: no answer within 1 s)" in m for m in _errors(pytester).values())
+    result.stdout.fnmatch_lines(["*config: last frames:*", "*in exec_module"])
+
+
+def test_a_crash_in_the_sessions_own_check_sends_every_later_session_to_the_child(fake_vllm):
+    """An import that kills the interpreter takes the first session with it (faulthandler names the frame); the
+    marker it left sends the next session under this environment to the child, which survives the crash and
+    names it: one shared cause from then on."""
+    pytester, install = fake_vllm
+    log = install("segfault")
+    crashed = _run_here(pytester)
+    assert crashed.ret != 0 and "Segmentation fault" in crashed.stderr.str()
+    assert len(list(Path(os.environ["QUANTMATRIX_CACHE"], "health").glob("*.here.*"))) == 1
+    _run_here(pytester).assert_outcomes(passed=CELLS, errors=2 * CELLS)
+    assert all("config (vllm.config: crashed the process (signal 11: SIGSEGV))" in m
+               for m in _errors(pytester).values())
+    assert _children(log) == 1 + 2  # the crashed session's own import, then the child and a fresh one after it
 
 
 def test_under_xdist_the_controller_checks_once_and_every_worker_uses_its_result(fake_vllm):
@@ -285,8 +330,7 @@ def test_reads_files(case):
 """
 
 
-def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_the_rest_fails_fast(fake_vllm,
-                                                                                                  monkeypatch):
+def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_the_rest_fails_fast(fake_vllm):
     """A session records vLLM as working; then the quantization import breaks in a way the cache key cannot see
     (here an environment variable; on a runner a native library replaced in place or a driver change). The next
     session starts from the cached "ok", so its first vLLM case meets the import error itself; that drops the
@@ -294,8 +338,6 @@ def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_
     counted "not tested"; the no-vLLM check still passes. Runs as subprocesses: the cases import the fake vLLM."""
     pytester, install = fake_vllm
     pytester.makepyfile(test_checks=IMPORTS_VLLM)
-    src = Path(__file__).resolve().parents[1] / "src"  # this checkout's plugin in the subprocesses
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.environ["PYTHONPATH"], str(src)]))
     install("ok")
     args = ("--matrix", "m.yaml", "-p", "no:cacheprovider", "--junitxml=j.xml", "-o", "junit_family=xunit1")
     pytester.runpytest_subprocess(*args).assert_outcomes(passed=3 * CELLS)
@@ -316,3 +358,24 @@ def test_a_stale_cached_ok_is_dropped_at_the_first_unpredicted_import_error_and_
     assert seconds < 60, f"a stale ok took {seconds:.1f} s to turn into one shared cause"
     result = pytester.runpytest_subprocess(*args)  # the next session checks afresh: nothing stale is left
     result.assert_outcomes(passed=CELLS, errors=2 * CELLS)
+
+
+def test_an_import_error_behind_the_adapters_own_error_counts_as_unpredicted():
+    """adapter/nvfp4.py names an import it cannot make as an AdapterMismatch raised from the import's error: that
+    is an import failure for the stale-verdict watch (the cpu tier's dequant_logits cases met it first); an error
+    of the case's own is not."""
+    from quantmatrix.errors import AdapterMismatch
+    from quantmatrix.pytest_plugin.health import _import_failure
+
+    def adapter() -> None:
+        try:
+            __import__("quantmatrix_no_such_module.inner")
+        except ImportError as e:
+            raise AdapterMismatch("vLLM x: no dequantize_to_dtype; update quantmatrix/adapter/nvfp4.py") from e
+
+    with pytest.raises(AdapterMismatch) as wrapped:
+        adapter()
+    assert _import_failure(wrapped)
+    with pytest.raises(AssertionError) as own:
+        assert 1 == 2
+    assert not _import_failure(own)

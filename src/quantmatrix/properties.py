@@ -58,6 +58,7 @@ RESOLVED_ALGO, RESOLVED_SCHEME = "resolved_algo", "resolved_scheme"
 MOE_METHOD, MOE_BACKEND, MOE_WEIGHT_ONLY = "moe_method", "moe_backend", "moe_weight_only"
 LAYER_BUILD_ERROR = "layer_build_error"
 LINT_DECLARED, LINT_FINDINGS = "lint_declared", "lint_findings"
+UNREVIEWED_REFERENCE = "unreviewed_reference"  # the reference file a case compared with, not yet accepted by a person
 HF_GREEDY_TOKEN_IDS = "hf_greedy_token_ids"  # transformers on the host's CPU: never compared across archs
 LOGIT_REL_ERROR, TOP1_AGREEMENT = "logit_rel_error", "top1_agreement"
 UNLOADED_UNREAD, AUDIT_NOTES = "unloaded_unread", "audit_notes"

@@ -1,11 +1,11 @@
-"""Does the vLLM under test work here? Checked once, in a child process with a time limit, before any case
-imports it: a broken install (a nightly wheel whose flashinfer needs other CUDA bindings, an import that hangs or
-segfaults) is then one named cause, not a thousand per-case import errors.
+"""Does the vLLM under test work here? Checked once, with a time limit, before any case imports it: a broken
+install (a nightly wheel whose flashinfer needs other CUDA bindings, an import that hangs or segfaults) is then
+one named cause, not a thousand per-case import errors.
 
 `python -m quantmatrix.adapter.health [--within S] PART...` imports what each part of the adapter needs and
 prints one `QMHEALTH {json}` line per step; the parent (`check`) reads them, and where the child hung or died
-it names the module that was being imported, with the last frames faulthandler dumped.
-"""
+it names the module that was being imported, with the last frames faulthandler dumped. `check_here` takes the
+same steps in the calling process, for one that imports vLLM next anyway (pytest_plugin.health says when)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quantmatrix.adapter import config, engine, layers
@@ -123,22 +124,27 @@ def _step(module: str) -> None:
             get(method)
 
 
-def child(parts: list[str], within: float) -> int:
-    """Import each part's modules in order; a hang past `within` s dumps every thread's stack and exits."""
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(within, exit=True)
+def _steps(parts: list[str], say: Callable[..., None]) -> None:
+    """Import each part's modules in order, telling `say` each step's begin and each part's ok or failure."""
     for part in parts:
         for module in PARTS[part]:
-            _say(begin=part, module=module)
+            say(begin=part, module=module)
             try:
                 _step(module)
             except BaseException as e:  # noqa: BLE001 - anything an import raises is the verdict
                 inner = _failing_import(e.__traceback__)
                 where = f"import {inner}" + (f" (inside {module})" if inner != module else "") if inner else module
-                _say(fail=part, module=where, cause=f"{type(e).__name__}: {e}"[:500], frames=_frames(e.__traceback__))
+                say(fail=part, module=where, cause=f"{type(e).__name__}: {e}"[:500], frames=_frames(e.__traceback__))
                 break
         else:
-            _say(ok=part)
+            say(ok=part)
+
+
+def child(parts: list[str], within: float) -> int:
+    """The steps, printed; a hang past `within` s dumps every thread's stack and exits."""
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(within, exit=True)
+    _steps(parts, _say)
     return 0
 
 
@@ -183,6 +189,20 @@ def _run_child(parts: list[str], within: float) -> tuple[list[dict[str, Any]], i
         return _events(out), None, err
 
 
+def _fold(events: list[dict[str, Any]], results: dict[str, Part]) -> dict[str, Any] | None:
+    """Each part's verdict from the events into `results`; the step still open at the end (a hang or a death)."""
+    current: dict[str, Any] | None = None
+    for ev in events:
+        if "begin" in ev:
+            current = ev
+        elif "ok" in ev:
+            results[ev["ok"]], current = Part(True), None
+        elif "fail" in ev:
+            results[ev["fail"]] = Part(False, ev["cause"], ev["module"], tuple(ev["frames"]))
+            current = None
+    return current
+
+
 def check(timeout: float = 120.0, parts: Iterable[str] = tuple(PARTS)) -> Health:
     """Every part's verdict; after a hang or a crash the parts not yet reached get a fresh child (time allowing)."""
     start = time.monotonic()
@@ -195,15 +215,7 @@ def check(timeout: float = 120.0, parts: Iterable[str] = tuple(PARTS)) -> Health
                 results[p] = Part(False, "not checked: the health check ran out of time on an earlier part")
             break
         events, rc, stderr = _run_child(pending, left)
-        current: dict[str, Any] | None = None
-        for ev in events:
-            if "begin" in ev:
-                current = ev
-            elif "ok" in ev:
-                results[ev["ok"]], current = Part(True), None
-            elif "fail" in ev:
-                results[ev["fail"]] = Part(False, ev["cause"], ev["module"], tuple(ev["frames"]))
-                current = None
+        current = _fold(events, results)
         if current is not None:  # the child hung or died inside this step
             results[current["begin"]] = Part(False, _death(rc, left), current["module"], _dumped(stderr))
         elif rc != 0 and not events:
@@ -211,6 +223,27 @@ def check(timeout: float = 120.0, parts: Iterable[str] = tuple(PARTS)) -> Health
             for p in pending:
                 results[p] = Part(False, f"{_death(rc, left)} before importing anything", "", tuple(tail))
         pending = [p for p in pending if p not in results]
+    return Health({p: results[p] for p in parts}, package_versions(), round(time.monotonic() - start, 2))
+
+
+def check_here(timeout: float = 120.0, parts: Iterable[str] = tuple(PARTS)) -> Health:
+    """The same steps in this process, for a process that imports vLLM next anyway (the import is then paid once,
+    not once in a child and again here). They run in a daemon thread, so an import that hangs is cut at `timeout`
+    and named with the frames it hangs in (the thread is left behind); an import that crashes the interpreter
+    cannot be survived here, which is why the caller marks the attempt (pytest_plugin.health)."""
+    parts, events, start = list(parts), [], time.monotonic()
+    worker = threading.Thread(target=_steps, args=(parts, lambda **ev: events.append(ev)), daemon=True,
+                              name="quantmatrix-vllm-health")
+    worker.start()
+    worker.join(timeout)
+    results: dict[str, Part] = {}
+    current = _fold(list(events), results)
+    if worker.is_alive() and current is not None:
+        stack = traceback.extract_stack(sys._current_frames()[worker.ident])  # type: ignore[index]
+        frames = tuple(f"{f.filename}:{f.lineno} in {f.name}" for f in stack[-_FRAMES:])
+        results[current["begin"]] = Part(False, f"hung: no answer within {timeout:.0f} s", current["module"], frames)
+    for p in parts:
+        results.setdefault(p, Part(False, "not checked: the health check ran out of time on an earlier part"))
     return Health({p: results[p] for p in parts}, package_versions(), round(time.monotonic() - start, 2))
 
 

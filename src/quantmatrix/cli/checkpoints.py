@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.checkpoints import fetch, lint, make
-from quantmatrix.cli.root import default_matrix
+from quantmatrix.cli.root import add_trust, default_matrix
 from quantmatrix.host.detect import query_nvidia_smi
 from quantmatrix.schema.load import DEFAULT_MATRIX, MATRICES, load
 
@@ -32,12 +32,14 @@ def register(sub: Any) -> None:
     ls = what.add_parser("list", help="name the matrix's checkpoints")
     for q in (mk, ls):
         q.add_argument("--matrix", type=Path, default=None, help=f"matrix YAML (default: {DEFAULT_MATRIX})")
+        add_trust(q)
     p.set_defaults(run=run_checkpoint)
 
     p = sub.add_parser("fetch", help="download a matrix's hub checkpoints into the local HF cache (needs hub access)",
                        description="Download a matrix's hub checkpoints into the local Hugging Face cache "
                                    "(HF_HUB_CACHE, else HF_HOME/hub), where test runs resolve them offline.")
     p.add_argument("--matrix", metavar="FILE", help=f"matrix YAML (default: {MATRICES / 'real.yaml'})")
+    add_trust(p)
     p.add_argument("--only", nargs="+", action="extend", default=[], metavar="ID", help="only these checkpoint ids")
     p.add_argument("--dry-run", action="store_true", help="say what is cached and print the download line of each "
                    "checkpoint that is not; download nothing")
@@ -60,7 +62,7 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
-    matrix = load(args.matrix if args.matrix is not None else default_matrix())
+    matrix = load(args.matrix if args.matrix is not None else default_matrix(), args.trust_matrix)
     if args.action == "list":
         print("\n".join(make.listing(matrix)))
     else:
@@ -70,7 +72,7 @@ def run_checkpoint(args: argparse.Namespace) -> int:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """0 every selected checkpoint is in the cache; 1 a download failed; 2 the command cannot start."""
-    matrix = load(args.matrix or default_matrix("real.yaml"))
+    matrix = load(args.matrix or default_matrix("real.yaml"), args.trust_matrix)
     gpus = args.gpus
     if gpus is None:
         devices = query_nvidia_smi()

@@ -15,7 +15,7 @@ from typing import Any
 
 from quantmatrix.atomic import write_atomic
 from quantmatrix.ci import buildkite
-from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.cli.root import add_trust, default_matrix, project_root
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema.load import load
 
@@ -31,6 +31,7 @@ def register(sub: Any) -> None:
     bk.add_argument("--matrix", type=Path, metavar="FILE", help="matrix whose archs get gpu steps "
                     "(default matrices/default.yaml); the steps run it by its path in the checkout")
     bk.add_argument("--out", type=Path, metavar="FILE", help="write the fragment here instead of stdout")
+    add_trust(bk)
     bk.set_defaults(run=run_buildkite)
 
 
@@ -49,7 +50,7 @@ def _head(root: Path) -> str:
 def run_buildkite(args: argparse.Namespace) -> int:
     root = project_root()
     path = (args.matrix or default_matrix()).resolve()
-    matrix = load(path)
+    matrix = load(path, args.trust_matrix)
     try:
         relative = path.relative_to(root).as_posix()
     except ValueError:

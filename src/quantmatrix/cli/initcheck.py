@@ -13,7 +13,7 @@ from typing import Any
 
 from quantmatrix.bounded import shown
 from quantmatrix.checks import sanitize
-from quantmatrix.cli.root import default_matrix
+from quantmatrix.cli.root import add_trust, default_matrix
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.measure import sanitized
 from quantmatrix.schema.load import DEFAULT_MATRIX, load
@@ -31,6 +31,7 @@ def register(sub: Any) -> None:
     p.add_argument("--mode", metavar="NAME", help="apply this matrix mode's `sanitizer.silence` entries")
     p.add_argument("--matrix", metavar="FILE", help=f"the matrix of --mode (default: {DEFAULT_MATRIX})")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    add_trust(p)
     p.set_defaults(run=run_initcheck)
 
 
@@ -39,7 +40,7 @@ def _knob(args: argparse.Namespace) -> Sanitizer | None:
         if args.matrix:
             raise QuantmatrixError("--matrix names the matrix of --mode: pass --mode NAME too")
         return None
-    matrix = load(args.matrix or default_matrix())
+    matrix = load(args.matrix or default_matrix(), args.trust_matrix)
     mode = next((m for m in matrix.modes if m.name == args.mode), None)
     if mode is None or mode.sanitizer is None:
         sanitized_modes = [m.name for m in matrix.modes if m.sanitizer is not None]

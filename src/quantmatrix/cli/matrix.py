@@ -13,11 +13,11 @@ from typing import Any
 
 from quantmatrix.adapter import health
 from quantmatrix.adapter.versions import versions, vllm_origin
-from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.cli.root import add_trust, default_matrix, project_root
 from quantmatrix.host import sanitizer
 from quantmatrix.host.detect import detect
 from quantmatrix.pytest_plugin import runner
-from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER, HEALTH_TIMEOUT, RUN_ID_ENV
+from quantmatrix.pytest_plugin.options import GPUS_PER_WORKER, HEALTH_TIMEOUT, RUN_ID_ENV, TRUST_MATRIX
 from quantmatrix.schema.load import DEFAULT_MATRIX, load
 from quantmatrix.schema.model import Matrix
 
@@ -29,6 +29,7 @@ def register(sub: Any) -> None:
                                     "to pytest")):
         sp = sub.add_parser(name, help=help_text)
         sp.add_argument("--matrix", metavar="FILE", help=f"matrix YAML (default: {DEFAULT_MATRIX})")
+        add_trust(sp)
         if name in ("detect", "run"):
             sp.add_argument("--arch", metavar="NAME", help="treat this host as arch NAME")
         if name == "detect":
@@ -43,7 +44,7 @@ def register(sub: Any) -> None:
 
 
 def _matrix(args: argparse.Namespace) -> Matrix:
-    return load(args.matrix or default_matrix())
+    return load(args.matrix or default_matrix(), args.trust_matrix)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -107,6 +108,8 @@ def cmd_run(args: argparse.Namespace, pytest_args: list[str]) -> int:
             f"--junitxml={out / 'junit.xml'}", "-o", "junit_family=xunit1"]
     if args.matrix:
         argv.append(f"--matrix={Path(args.matrix).resolve()}")
+    if args.trust_matrix:
+        argv.append(TRUST_MATRIX.name)
     if args.arch:
         argv.append(f"--arch={args.arch}")
     if args.spread is not None:

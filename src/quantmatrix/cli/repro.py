@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantmatrix import properties as P
 from quantmatrix.atomic import dump_json, write_atomic
-from quantmatrix.cli.root import default_matrix, project_root
+from quantmatrix.cli.root import add_trust, default_matrix, project_root
 from quantmatrix.errors import QuantmatrixError, ReproError
 from quantmatrix.report.links import bundle_name
 from quantmatrix.repro import CHECKPOINT_CAP
@@ -36,6 +36,7 @@ def register(sub: Any) -> None:
     p.add_argument("--from-report", type=Path, metavar="SUMMARY", help="a report's summary.json instead of JUnit")
     p.add_argument("--matrix", type=Path, metavar="FILE", help="the matrix the run used (default: the one its "
                    "JUnit names, else matrices/default.yaml)")
+    add_trust(p)
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the bundle folder (--failed: one "
                    "folder per case under DIR, and DIR/index.json)")
     p.add_argument("--failed", action="store_true", help="a bundle for every failed case of the run")
@@ -64,7 +65,7 @@ def _matrix(args: argparse.Namespace, rec: Record, cache: dict[Path, Matrix]) ->
         path = named if named.is_file() else project_root() / "matrices" / named.name
     path = (path or default_matrix()).resolve()
     if path not in cache:
-        cache[path] = load(path)
+        cache[path] = load(path, args.trust_matrix)
     return cache[path]
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from quantmatrix.errors import QuantmatrixError
+from quantmatrix.pytest_plugin.options import TRUST_MATRIX
 from quantmatrix.schema.load import DEFAULT_MATRIX, MATRICES
 
 
@@ -20,3 +22,8 @@ def project_root() -> Path:
 
 def default_matrix(name: str = DEFAULT_MATRIX.name) -> Path:
     return project_root() / MATRICES / name
+
+
+def add_trust(parser: argparse.ArgumentParser) -> None:
+    """The plugin's --trust-matrix, for a subcommand that loads a matrix (read back as `args.trust_matrix`)."""
+    parser.add_argument(TRUST_MATRIX.name, action="store_true", help=TRUST_MATRIX.help)

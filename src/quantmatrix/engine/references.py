@@ -5,10 +5,15 @@
     <references>/<checkpoint>/<scheme>/<mode>/accuracy.json  task accuracy (correct, n) of a real checkpoint
     <references>/<checkpoint>/<scheme>/<mode>/outputs.gpu_tiny.json   the same, for the GPU-sized twin the
                                                                       engine runs on CUDA hosts
+    <references>/<checkpoint>/<scheme>/<mode>/<family>/...   an `engine` reference, per arch family (sm12x:
+                                                             sm120 and sm121; sm10x; sm9x), whose kernels differ
 
 A trusted run is named by the checkpoint's `reference` expectation: `transformers` (HF transformers, greedy,
-on the checkpoint's bf16 weights or its dequantized/ export: independent of vLLM and of the hardware) or
-`engine` (the current engine run, on a runner someone vouches for).
+on the checkpoint's bf16 weights or its dequantized/ export: independent of vLLM and of the hardware, so one
+file serves every arch) or `engine` (the current engine run, on a runner someone vouches for: one file per arch
+family, so that two families' runners never overwrite each other's). Every file written is `"reviewed": false`
+until a person accepts it (sets it true in the pull request that commits it, docs/runners.md); a case compared
+with an unreviewed reference records it (UNREVIEWED_REFERENCE), and the report names it.
 """
 
 from __future__ import annotations
@@ -29,10 +34,24 @@ class ReferenceMissing(QuantmatrixError):
     """No reference (or a stale one) for a cell; the message says how to write it."""
 
 
+def family(cell: Cell) -> str:
+    """The arch family an engine reference is kept per: the compute capability's major version (sm120 and
+    sm121 share sm12x's kernels, sm100 is sm10x, H100/H200 sm9x)."""
+    return f"sm{cell.arch.capability[0]}x"
+
+
 def path(root: Path, cell: Cell, kind: str, size: str | None = None) -> Path:
     """`size`: the synthetic size the engine ran when it is not the checkpoint's own (other weights)."""
     ck = cell.checkpoint
-    return root / ck.id / ck.scheme.name / cell.mode.name / f"{kind}{'.' + size if size else ''}.json"
+    where = root / ck.id / ck.scheme.name / cell.mode.name
+    if ck.expectation("reference", default=None) == "engine":
+        where = where / family(cell)
+    return where / f"{kind}{'.' + size if size else ''}.json"
+
+
+def reviewed(data: dict[str, Any]) -> bool:
+    """A reference a person accepted (the files committed before the field existed were reviewed in their PRs)."""
+    return data.get("reviewed", True) is True
 
 
 def load(root: Path, cell: Cell, kind: str, size: str | None = None) -> dict[str, Any]:
@@ -60,7 +79,7 @@ def write(root: Path, cell: Cell, kind: str, body: dict[str, Any], produced_by: 
     p = path(root, cell, kind, size)
     p.parent.mkdir(parents=True, exist_ok=True)
     data = {"checkpoint": cell.checkpoint.id, "scheme": cell.checkpoint.scheme.name, "mode": cell.mode.name,
-            "produced_by": {**produced_by, "date": datetime.date.today().isoformat()}, **body}
+            "reviewed": False, "produced_by": {**produced_by, "date": datetime.date.today().isoformat()}, **body}
     write_atomic(p, dump_json(data))
     return p
 

@@ -265,7 +265,10 @@ def reference(request: pytest.FixtureRequest, case: Case, engine_checkpoint: Eng
             body, by = _trusted(case, kind, engine_checkpoint.path, engine_run, e2e)
             references.write(e2e.references, case.cell, kind, body, by, size)
             written.add(target)
-        return references.load(e2e.references, case.cell, kind, size)
+        data = references.load(e2e.references, case.cell, kind, size)
+        if not references.reviewed(data):  # compared all the same: the report lists it until a person accepts it
+            request.node.user_properties.append((P.UNREVIEWED_REFERENCE, str(target)))
+        return data
 
     return load
 

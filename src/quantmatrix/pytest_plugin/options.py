@@ -14,6 +14,7 @@ from typing import Any
 
 from quantmatrix.errors import OptionError
 from quantmatrix.schema.load import DEFAULT_MATRIX
+from quantmatrix.schema.yamldoc import TRUST_FLAG
 
 RUN_ID_ENV = "QUANTMATRIX_RUN_ID"  # set by `quantmatrix run`, stamped into the JUnit file
 
@@ -72,6 +73,8 @@ class Flag:
 
 MATRIX_HELP = f"matrix YAML file (default: {DEFAULT_MATRIX} under the rootdir)"
 MATRIX = Flag("--matrix", MATRIX_HELP, _text, metavar="FILE")
+TRUST_MATRIX = Flag(TRUST_FLAG, "accept a matrix that sets trust_remote_code (the checkpoint's own Python runs in "
+                                "the engine) or names files outside its repository: a matrix is data otherwise")
 ARCH = Flag("--arch", "treat this host as arch NAME (name or alias) instead of detecting its GPUs", _arch,
             metavar="NAME")
 STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cases whose arch this host lacks "
@@ -82,6 +85,9 @@ STRICT_CHECKPOINTS = Flag("--strict-checkpoints", "fail, instead of skip, cases 
 _HEALTH_S = 120.0
 HEALTH_TIMEOUT = Flag("--vllm-health-timeout", "time limit of the one-per-session check that the vLLM under test "
                                                f"imports (default {_HEALTH_S:g})", _seconds, _HEALTH_S, "S")
+HEALTH_CHILD = Flag("--vllm-health-child", "check the vLLM under test in a child process even where this process runs "
+                                           "the cases (a cold start then imports vLLM twice, but survives an import "
+                                           "that crashes the interpreter)")
 GPUS_PER_WORKER = Flag("--gpus-per-worker", "under pytest-xdist, pin each worker to its own N GPUs with "
                                             "CUDA_VISIBLE_DEVICES (worker gwK gets GPUs K*N .. K*N+N-1 of those "
                                             "visible); run with -n <GPUs / N>", _gpus, metavar="N")
@@ -95,5 +101,5 @@ COMPUTE_SANITIZER = Flag("--compute-sanitizer", "the compute-sanitizer a mode wi
                                                 "engine in (default: PATH, then $CUDA_HOME/bin, /usr/local/cuda/bin)",
                          _executable, metavar="PATH")
 
-FLAGS = (MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, GPUS_PER_WORKER, TIME_LIMIT,
-         UPDATE_REFERENCES, COMPUTE_SANITIZER)
+FLAGS = (MATRIX, TRUST_MATRIX, ARCH, STRICT_HARDWARE, STRICT_CHECKPOINTS, HEALTH_TIMEOUT, HEALTH_CHILD, GPUS_PER_WORKER,
+         TIME_LIMIT, UPDATE_REFERENCES, COMPUTE_SANITIZER)

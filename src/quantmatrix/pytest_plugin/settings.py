@@ -36,7 +36,8 @@ class Settings:
     strict_checkpoints: bool
     today: datetime.date
     runner: str
-    health_timeout: float  # seconds the vLLM health child may take (pytest_plugin.health)
+    health_timeout: float  # seconds the vLLM health check may take (pytest_plugin.health)
+    health_child: bool  # --vllm-health-child: never check in this process
     time_limit: float | None  # --time-limit, seconds
     deadline: float | None  # time.monotonic() at which --time-limit runs out
     gpus_per_worker: int | None  # each xdist worker's own GPUs (None: one each), pinned before detection
@@ -123,7 +124,7 @@ def resolve(config: pytest.Config) -> Settings:
     matrix = host = None
     if path is not None:
         try:
-            matrix = load(path)
+            matrix = load(path, opt["trust_matrix"])
             host = _host(config, matrix, opt["arch"])
         except QuantmatrixError as e:
             raise pytest.UsageError(f"{e} (matrix from {source})") from None
@@ -134,6 +135,7 @@ def resolve(config: pytest.Config) -> Settings:
         matrix=matrix, matrix_source=source, host=host, strict_hardware=opt["strict_hardware"],
         strict_checkpoints=opt["strict_checkpoints"], today=datetime.date.today(),
         runner=os.environ.get("RUNNER_NAME") or socket.gethostname(), health_timeout=opt["vllm_health_timeout"],
+        health_child=opt["vllm_health_child"],
         time_limit=limit, deadline=None if limit is None else time.monotonic() + limit,
         gpus_per_worker=opt["gpus_per_worker"], run_id=os.environ.get(RUN_ID_ENV, ""),
         update_references=opt["update_references"], compute_sanitizer=opt["compute_sanitizer"])

@@ -145,6 +145,9 @@ def render(report: NightReport, g: Grid) -> str:
     # a case under a waiver never reads as a plain pass (it is waived, xpassed or failed): skip those fast
     waived = [c for c in report.cases.values() if c.outcome != "passed" and c.prop(P.WAIVER_REASON) is not None]
     body += _section("Waivers", waived, _waiver_line)
+    unreviewed = [c for c in report.cases.values() if c.prop(P.UNREVIEWED_REFERENCE) is not None]
+    body += _section("Compared with unreviewed references (docs/runners.md: First GPU references)", unreviewed,
+                     lambda c: f"{_code(c.key)} {c.outcome}: {_code(c.prop(P.UNREVIEWED_REFERENCE) or '')}")
     body += _section("Removed from the matrix (no longer reported)", d["removed"], _code)
     body += _section("Bad input files (skipped)", report.bad_inputs,
                      lambda b: f"{_code(b['path'])}: {_text(b['problem'])}")

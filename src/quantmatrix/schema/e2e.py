@@ -20,12 +20,12 @@ from quantmatrix.schema.yamldoc import (
     as_bool,
     as_text,
     closest,
+    engine_arguments,
     env_vars,
     fraction,
     int_at_least,
     one_of,
     positive,
-    scalar_map,
 )
 
 PLATFORMS = ("cpu", "cuda")
@@ -60,7 +60,7 @@ class E2E:
 
 def existing_file(doc: Doc, node: yaml.Node, what: str) -> Path:
     """A path relative to the matrix file that must exist."""
-    path = (doc.path.parent / as_text(doc, node, what)).resolve()
+    path = doc.local_path(node, what)
     try:  # here, not when a check opens it: a FIFO or an 8 GiB file is a matrix error with its line
         bounded.check_file(path, "prompts" if what == "e2e.prompts" else "tasks")
     except bounded.InputError as e:
@@ -112,7 +112,7 @@ def _platforms(doc: Doc, node: yaml.Node, what: str) -> dict[str, Platform]:
         r = doc.record(vnode, f"{what}.{key}", {
             "env": Field(env_vars, "environment of every engine run on this platform", required=False,
                          default=dict),
-            "engine_args": Field(scalar_map, "engine arguments on this platform", required=False, default=dict),
+            "engine_args": Field(engine_arguments, "engine arguments on this platform", required=False, default=dict),
             "synthetic_size": Field(one_of(SIZES), "size the engine runs synthetic checkpoints at (their "
                                     "GPU-sized twin: same spec and seed)", required=False),
         })
@@ -123,13 +123,13 @@ def _platforms(doc: Doc, node: yaml.Node, what: str) -> dict[str, Platform]:
 def parse(doc: Doc, node: yaml.Node, modes: list[str]) -> E2E:
     r = doc.record(node, "e2e", {
         "prompts": Field(existing_file, "text file, one greedy prompt a line (relative to the matrix)"),
-        "references": Field(lambda d, n, w: (d.path.parent / as_text(d, n, w)).resolve(),
+        "references": Field(Doc.local_path,
                             "directory of reference files (relative to the matrix)"),
         "max_tokens": Field(int_at_least(2), "tokens generated per prompt (EOS ignored)"),
         "logprobs": Field(int_at_least(1), "top-k logprobs recorded per position"),
         "timeout_s": Field(positive, "wall-clock limit of one engine run (the whole process group is killed)"),
         "reference_mode": Field(as_text, "the mode every other mode must reproduce (mode invariance)"),
-        "engine_args": Field(scalar_map, "engine arguments of every run", required=False, default=dict),
+        "engine_args": Field(engine_arguments, "engine arguments of every run", required=False, default=dict),
         "platforms": Field(_platforms, "per-platform env and engine_args (cpu, cuda)", required=False,
                            default=dict),
     })

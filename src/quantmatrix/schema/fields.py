@@ -105,7 +105,7 @@ def _synthetic(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
 def source(doc: Doc, node: yaml.Node, what: str) -> Source:
     rec = doc.record(node, what, {
         "synthetic": Field(_synthetic, "a synthetic checkpoint spec", required=False),
-        "path": Field(as_text, "a local checkpoint directory", required=False),
+        "path": Field(as_text, "a local checkpoint directory (in the matrix's repository)", required=False),
         "hub": Field(as_text, "a hub id, resolved from the local HF cache only", required=False),
         "revision": Field(as_text, "hub revision (branch, tag or commit)", required=False),
     })
@@ -118,7 +118,7 @@ def source(doc: Doc, node: yaml.Node, what: str) -> Source:
         raise doc.error(rec["@revision"], f"{what}.revision: only a hub source has a revision")
     value: Any = rec[kind]
     if kind == "path":
-        value = (doc.path.parent / value).resolve()
+        value = doc.local_path(rec["@path"], f"{what}.path")
     elif kind == "hub":
         value = (value, rec["revision"] or "main")
         for bad, at in ((bad_hub_repo(value[0]), "@hub"), (bad_hub_revision(value[1]), "@revision")):

@@ -41,12 +41,12 @@ from quantmatrix.schema.yamldoc import (
     as_date,
     as_text,
     closest,
+    engine_arguments,
     env_vars,
     int_at_least,
     list_of,
     one_of,
     positive,
-    scalar_map,
 )
 
 _LABEL = limits.text_at_most(limits.LABEL_CHARS, "a label")
@@ -85,8 +85,8 @@ _TOP = {
 }
 
 
-def load(path: str | Path) -> Matrix:
-    """Parse and validate a matrix file; any problem is a MatrixError naming file:line:column."""
+def load(path: str | Path, trusted: bool = False) -> Matrix:
+    """Parse and validate a matrix file (`trusted`: --trust-matrix); a problem is a MatrixError at file:line:col."""
     path = Path(path)
     try:
         data = bounded.read_bytes(path, "matrix")
@@ -97,7 +97,7 @@ def load(path: str | Path) -> Matrix:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise MatrixError(f"{path}:{line}:{column}: not UTF-8 (byte 0x{data[e.start]:02x})") from None
-    doc = Doc(path)
+    doc = Doc(path, trusted)
     try:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as e:
@@ -135,7 +135,7 @@ def _archs(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Arch, ...]:
             "capability": Field(fields.capability, "compute capability, e.g. '12.0'"),
             "aliases": Field(list_of(fields.marker), "other names (marker aliases)", required=False, default=()),
             "label": Field(_LABEL, "human label, e.g. 'RTX PRO 6000'"),
-            "engine_args": Field(scalar_map, "engine arguments on this arch", required=False, default=dict),
+            "engine_args": Field(engine_arguments, "engine arguments on this arch", required=False, default=dict),
         })
         for n, nd in ((r["name"], r["@name"]), *((a, r["@aliases"]) for a in r["aliases"])):
             _unique(doc, names, n, nd, "arch name or alias")
@@ -154,7 +154,7 @@ def _modes(doc: Doc, nodes: tuple[yaml.Node, ...]) -> tuple[Mode, ...]:
         r = doc.record(node, f"modes[{i}]", {
             "name": Field(fields.marker, "mode name, e.g. nocache"),
             "env": Field(env_vars, "environment for the engine process", required=False, default=dict),
-            "engine_args": Field(scalar_map, "vLLM engine arguments", required=False, default=dict),
+            "engine_args": Field(engine_arguments, "vLLM engine arguments", required=False, default=dict),
             "label": Field(_LABEL, "what the mode reproduces"),
             "sanitizer": Field(sanitizer.parse, "run the engine child under compute-sanitizer (tool, flags, "
                                "prompts, max_tokens, silence)", required=False),
@@ -230,7 +230,7 @@ _CHECKPOINT_FIELDS = {
                                "known to serve it; absent: unknown", required=False),
     "gpus": Field(int_at_least(1), "GPUs an engine start needs (tensor_parallel_size unless engine_args says)",
                   required=False, default=1),
-    "engine_args": Field(scalar_map, "engine arguments of this checkpoint", required=False, default=dict),
+    "engine_args": Field(engine_arguments, "engine arguments of this checkpoint", required=False, default=dict),
 }
 
 

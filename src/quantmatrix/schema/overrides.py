@@ -35,7 +35,7 @@ def override_file(path: str | Path) -> dict[str, MoeBackend]:
     else:
         from quantmatrix.schema.load import load
 
-        load(path)  # a whole matrix: validated as one
+        load(path, trusted=True)  # a whole matrix, validated as one (only its moe_backends are used here)
         nodes = tuple(next(v for k, v in root.value if k.value == "moe_backends").value) \
             if "moe_backends" in keys else ()
     parsed = backends.parse(doc, nodes)

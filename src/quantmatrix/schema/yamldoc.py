@@ -28,12 +28,34 @@ def closest(word: str, options: Iterable[str]) -> str:
     return f" (did you mean {hit[0]!r}?)" if hit else ""
 
 
-class Doc:
-    """One YAML file being validated: turns nodes into values, errors into file:line:column messages."""
+# A matrix is data: what would make it run code, or read files outside its own repository, needs this flag.
+TRUST_FLAG = "--trust-matrix"
 
-    def __init__(self, path: Path) -> None:
+
+def repository(path: Path) -> Path:
+    """The repository a matrix file belongs to: the nearest directory above it holding `.git` (a checkout or a
+    worktree), else the file's own directory."""
+    here = path.resolve().parent
+    return next((d for d in (here, *here.parents) if (d / ".git").exists()), here)
+
+
+class Doc:
+    """One YAML file being validated: turns nodes into values, errors into file:line:column messages. `trusted`
+    (TRUST_FLAG) lets it name files outside its repository and set trust_remote_code."""
+
+    def __init__(self, path: Path, trusted: bool = False) -> None:
         self.path = path
+        self.trusted = trusted
         self._constructor = yaml.constructor.SafeConstructor()
+
+    def local_path(self, node: yaml.Node, what: str) -> Path:
+        """A path relative to the file, inside its repository unless trusted."""
+        path = (self.path.parent / as_text(self, node, what)).resolve()
+        root = repository(self.path)
+        if not self.trusted and not path.is_relative_to(root):
+            raise self.error(node, f"{what}: {node.value!r} is {path}, outside the matrix's repository {root}; a "
+                                   f"matrix names files inside its own repository ({TRUST_FLAG} allows others)")
+        return path
 
     def where(self, node: yaml.Node) -> str:
         m = node.start_mark
@@ -201,6 +223,16 @@ def fraction(doc: Doc, node: yaml.Node, what: str) -> float:
 
 def scalar_map(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
     return {key: doc.scalar(vnode, f"{what}.{key}") for key, _, vnode in doc.mapping(node, what)}
+
+
+def engine_arguments(doc: Doc, node: yaml.Node, what: str) -> dict[str, Any]:
+    """vLLM engine arguments; trust_remote_code (a checkpoint's own Python, run in the engine) only when trusted."""
+    args = scalar_map(doc, node, what)
+    if args.get("trust_remote_code") and not doc.trusted:
+        at = next(k for key, k, _ in doc.mapping(node, what) if key == "trust_remote_code")
+        raise doc.error(at, f"{what}.trust_remote_code: a matrix is data, and this runs the checkpoint's own Python "
+                            f"in the engine ({TRUST_FLAG} allows it)")
+    return args
 
 
 def as_date(doc: Doc, node: yaml.Node, what: str) -> datetime.date:
