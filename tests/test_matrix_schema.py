@@ -99,12 +99,14 @@ def test_missing_file_is_a_matrix_error(tmp_path):
 
 
 def test_default_matrix_loads():
-    """The shipped default matrix is valid and covers both producers, every scheme and the three base modes."""
+    """The shipped default matrix is valid and covers every producer, every scheme and the three base modes."""
     from pathlib import Path
 
     m = load(Path(__file__).parent.parent / "matrices" / "default.yaml")
-    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "none"}
-    assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4"}
+    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "gptq", "awq", "none"}
+    assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", *(
+        f"wna16_{v}" for v in ("int4_g32", "int4_g32_actorder", "int4_channel", "int8_g32", "int8_channel",
+                               "int4_g48"))}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}
     assert {a.name for a in m.archs} >= {"sm100", "sm120", "sm121"}
 

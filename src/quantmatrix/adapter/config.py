@@ -19,6 +19,9 @@ MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm
            *QUANT_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
 METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors")
+# vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the
+# attributes that name the variant they resolved to.
+_WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
 
 # ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
 _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
@@ -105,6 +108,11 @@ def classify(config: Any) -> tuple[str, str]:
         return algo, _MODELOPT_ALGOS[algo]
     if name == "ModelOptMixedPrecisionConfig":
         return _classify_mixed(config)
+    if name in _WNA16_CONFIGS:
+        quant_type, group = getattr(config, "quant_type", None), getattr(config, "group_size", None)
+        if quant_type is None or group is None:
+            raise AdapterMismatch(f"{name} has no quant_type / group_size: update quantmatrix/adapter/config.py")
+        return f"{_WNA16_CONFIGS[name]} {quant_type} group_size {group}", "weight_only"
     if name == "CompressedTensorsConfig":
         scheme_map = getattr(config, "target_scheme_map", None)
         if not isinstance(scheme_map, dict):
@@ -113,6 +121,11 @@ def classify(config: Any) -> tuple[str, str]:
         linear = scheme_map.get("Linear")
         if linear is None:
             return "no Linear target", "unquantized"
+        weights = linear.get("weights")
+        if getattr(weights, "type", None) == "int" and linear.get("input_activations") is None:
+            return (f"W{weights.num_bits}A16 (int {weights.strategy}, group_size {weights.group_size}, "
+                    f"{'symmetric' if weights.symmetric else 'zero points'})",
+                    "weight_only")
         if linear.get("input_activations") is None:
             return "NVFP4A16 (input_activations None)", "weight_only"
         return "NVFP4 (input_activations set)", "w4a4"

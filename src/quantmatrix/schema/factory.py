@@ -20,6 +20,7 @@ class FactoryScheme:
     quantized: bool = True  # False: the family's bf16 weights as they are (no scales to omit or add)
     activations: str = "null"  # every config group's input_activations unless the spec says otherwise
     input_scales: bool = False  # whether `input_scales: auto` writes input-scale tensors
+    params: tuple[tuple[str, object], ...] = ()  # the scheme module's variant (schemes.wna16.Params: bits, ...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +42,21 @@ SCHEMES = {
     "bf16": FactoryScheme("bf16", quantized=False),
     "nvfp4_weight_only": FactoryScheme("nvfp4"),
     "nvfp4_w4a4": FactoryScheme("nvfp4", activations="quantized", input_scales=True),
+    # integer weight-only (schemes.wna16): cpu_tiny's 64 inputs take groups of 32, gpu_tiny's 128 too
+    "wna16_int4_g32": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32))),
+    "wna16_int4_g32_actorder": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32), ("actorder", True))),
+    "wna16_int4_channel": FactoryScheme("wna16", params=(("bits", 4), ("group_size", -1))),
+    "wna16_int8_g32": FactoryScheme("wna16", params=(("bits", 8), ("group_size", 32))),
+    "wna16_int8_channel": FactoryScheme("wna16", params=(("bits", 8), ("group_size", -1))),
+    # a group size neither tiny size's inputs divide (48): a malformed export
+    "wna16_int4_g48": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 48))),
 }
 PRODUCERS = {
     "modelopt": FactoryProducer("modelopt", writes=("nvfp4",), forms=("config_json", "legacy"), keys=("quant_algo",)),
-    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4",), packages=("compressed-tensors",)),
+    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "wna16"),
+                                          packages=("compressed-tensors",)),
+    "gptq": FactoryProducer("gptq", writes=("wna16",)),
+    "awq": FactoryProducer("awq", writes=("wna16",), keys=("zero_point_order",)),
     "none": FactoryProducer("none", writes=("bf16",)),
 }
 # Where a producer's quantization config lives (`synthetic: {form: ...}`).

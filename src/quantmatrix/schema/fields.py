@@ -86,6 +86,8 @@ SYNTHETIC_FIELDS: dict[str, Field] = {
                                "input_activations (default: what the scheme implies)", required=False),
     "config_groups": Field(one_of(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
     "quant_algo": Field(as_text, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "zero_point_order": Field(one_of(synthetic.ZERO_POINT_ORDERS), "AWQ: pack the zero points in AWQ's own order "
+                              "or GPTQ's sequential one (a malformed export)", required=False),
     "quantize": Field(one_of(synthetic.QUANTIZE), "which modules are quantized", required=False),
     "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
                   required=False),

@@ -24,6 +24,8 @@ QUANTIZE = ("experts", "experts_attention")
 INPUT_SCALES = ("auto", "present", "absent")
 # Faults `corrupt_tensors` can put into a tensor (zero / inf / nan values, or a wrong shape).
 FAULTS = ("zero", "inf", "nan", "shape")
+# The int32 slot orders a WNA16 producer may pack zero points in: AWQ's interleave, or GPTQ's sequential one.
+ZERO_POINT_ORDERS = ("awq", "gptq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,7 @@ class SyntheticSpec:
     input_activations: str | None = None  # None: what the scheme implies
     config_groups: str = "present"
     quant_algo: str | None = None  # None: what the scheme implies
+    zero_point_order: str | None = None  # AWQ: the int32 slot order of its qzeros (None: AWQ's own)
     quantize: str = "experts"
     seed: int = 0  # the bf16 weights; every variant of a family shares them
     input_scales: str = "auto"

@@ -12,7 +12,7 @@ TIERS = ("cpu", "gpu")
 VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
 RESOLUTIONS = ("weight_only", "w4a4", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
-ROLES = ("weight", "block_scale", "global_scale", "input_scale")
+ROLES = ("weight", "block_scale", "global_scale", "input_scale", "zero_point", "g_idx", "weight_shape")
 ACTIVATION_SCALES = ("read", "not_read", "any")
 AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused", "misplaced")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "layout", "scheme", "producer", "check")
