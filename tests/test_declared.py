@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from quantmatrix.adapter import declared
-from quantmatrix.adapter.declared import Declaration, declare, group_activations
+from quantmatrix.adapter.declared import Declaration, IntWeights, declare, group_activations
 from quantmatrix.errors import AdapterMismatch
 
 
@@ -52,13 +52,35 @@ def test_groups_disagree_on_the_question_their_producer_asks():
     ({"quant_method": "modelopt_fp4", "quantization": {"quant_algo": "nvfp4"}}, "modelopt", "w4a4", "NVFP4"),
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, "modelopt", None, "FP8"),
     ({"quant_method": "modelopt"}, "modelopt", None, None),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "compressed-tensors", None, None),
-    ({"quant_method": "GPTQ"}, "gptq", None, None),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "compressed-tensors", None, None),
+    ({"quant_method": "bitsandbytes"}, "bitsandbytes", None, None),
     ({"quant_method": ""}, "none", "unquantized", None),
 ])
 def test_what_is_not_nvfp4_has_no_scheme(qc, producer, scheme, algo):
     d = declare(qc)
     assert (d.producer, d.scheme, d.algo) == (producer, scheme, algo)
+
+
+@pytest.mark.parametrize(("qc", "scheme", "weights"), [
+    ({"quant_method": "GPTQ"}, "weight_only", IntWeights(4, 128, False, True)),  # GPTQ's defaults
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "desc_act": True, "sym": True}, "weight_only",
+     IntWeights(8, -1, True, True)),
+    ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True}, "weight_only",
+     IntWeights(4, 32, False, False)),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": True}}}}, "weight_only",
+     IntWeights(8, -1, False, True)),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "actorder": "group"}}}},
+     "weight_only", IntWeights(4, 32, True, True)),
+    # no group at all: vLLM quantizes nothing, whatever the tensors hold
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}, "unquantized", None),
+])
+def test_integer_weight_only_declarations(qc, scheme, weights):
+    """GPTQ, AWQ and compressed-tensors pack-quantized read as integer weight-only, with the bits, groups,
+    activation order and zero points the lint checks the tensors against."""
+    d = declare(qc)
+    assert (d.scheme, d.family, d.weights) == (scheme, "wna16", weights)
 
 
 def test_no_quantization_config_is_unquantized():

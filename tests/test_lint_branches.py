@@ -152,8 +152,9 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, None, "config.json: quant_algo 'FP8' is not NVFP4; this lint "
                                                               "knows NVFP4 only"),
     ({**CT, "format": "pack-quantized"}, None, "config.json: compressed-tensors format 'pack-quantized' is not "
-                                               "nvfp4-pack-quantized"),
-    ({"quant_method": "gptq"}, None, "config.json: quant_method 'gptq' is neither modelopt nor compressed-tensors"),
+                                               "nvfp4-pack-quantized or pack-quantized with int weights"),
+    ({"quant_method": "bitsandbytes"}, None, "config.json: quant_method 'bitsandbytes' is none of modelopt, "
+                                             "compressed-tensors, gptq, awq"),
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
     ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),
@@ -215,7 +216,7 @@ def test_a_sound_module_is_clean_and_the_report_says_so(tmp_path):
         f"quantmatrix lint {d}",
         "declared: modelopt w4a4 (config.json quant_algo NVFP4, g input_activations quantized); ignore: lm_head, "
         "re:.*norm",
-        "read: 1 safetensors file(s), 5 tensors, 1 NVFP4 modules (headers and per-tensor scales only)",
+        "read: 1 safetensors file(s), 5 tensors, 1 NVFP4 modules (headers, per-tensor scales and group indices only)",
         "OK: every tensor agrees with the declared scheme"])
 
 

@@ -4,7 +4,8 @@ and per expert.
 It reads safetensors headers (and the few bytes of per-tensor scales), never the weights, so it runs on a
 real 30B export in a second. The declaration is read the way vLLM reads it (weight-only when ModelOpt's
 quant_algo is W4A16_NVFP4 or every config group's input_activations is None; compressed-tensors: a falsy
-input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree.
+input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree. Integer
+weight-only exports (GPTQ, AWQ, compressed-tensors pack-quantized): module by module in checkpoints.lint_wna16.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, Declaration, declare
+from quantmatrix.adapter.declared import CT_NVFP4_FORMAT, CT_WNA16_FORMAT, Declaration, IntWeights, declare
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, producers
+from quantmatrix.checkpoints import experts, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.untrusted import (
     INDEX,
@@ -35,6 +36,7 @@ from quantmatrix.checkpoints.untrusted import (
 
 __all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "LintError", "LintReport", "declared", "lint"]
 SCHEME = "nvfp4"  # the scheme module whose tensors this lint knows: each producer's names for it (producers.leaves)
+FAMILIES = (SCHEME, lint_wna16.WNA16)  # every scheme module whose tensors mark a module as quantized
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 _EXPERT = re.compile(r"\.layers\.([0-9]+)\..*\.experts\.(0|[1-9][0-9]*)\.")
@@ -88,6 +90,11 @@ class Declared:
     scheme: str  # weight_only | w4a4 | unquantized
     why: str
     ignore: tuple[str, ...]
+    weights: IntWeights | None = None  # integer weight-only (checkpoints.lint_wna16); None: NVFP4 or unquantized
+
+    @property
+    def family(self) -> str:
+        return "NVFP4" if self.weights is None else "integer weight-only"
 
 
 @dataclasses.dataclass
@@ -107,8 +114,8 @@ class LintReport:
         lines = [f"quantmatrix lint {shown(self.path)}",
                  f"declared: {d.producer} {d.scheme} ({shown(d.why)}); "
                  f"ignore: {shown(', '.join(d.ignore), 2000) or '-'}",
-                 f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} NVFP4 "
-                 "modules (headers and per-tensor scales only)"]
+                 f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} {d.family} "
+                 "modules (headers, per-tensor scales and group indices only)"]
         if not self.findings:
             return "\n".join([*lines, "OK: every tensor agrees with the declared scheme"])
         counts: dict[str, int] = {}
@@ -234,10 +241,14 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
     if d.producer == "compressed-tensors":
         if d.scheme is None:
             raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
-                            f"{CT_NVFP4_FORMAT}")
+                            f"{CT_NVFP4_FORMAT} or {CT_WNA16_FORMAT} with int weights")
         return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
-                        _ignore(qc.get("ignore"), where)), _disagreement(d)
-    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors")
+                        _ignore(qc.get("ignore"), where), d.weights), _disagreement(d)
+    if d.weights is not None:
+        return Declared(d.producer, d.scheme or "weight_only", f"config.json {lint_wna16.words(d.producer, d.weights)}",
+                        _ignore(lint_wna16.ignore_patterns(qc), where), d.weights), []
+    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is none of modelopt, compressed-tensors, "
+                    "gptq, awq")
 
 
 def ignored(module: str, patterns: Iterable[str]) -> bool:
@@ -360,19 +371,22 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
         raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
                         f"{MAX_MATCHES} matches this lint makes")
     nvfp4 = 0
-    quantized = producers.quantized_leaves(SCHEME)
+    quantized = frozenset().union(*(producers.quantized_leaves(f) for f in FAMILIES))
     for module, leaves in modules.items():
         weight = leaves.get("weight")
         is_nvfp4 = bool(quantized & set(leaves)) or (weight is not None and weight.dtype == "U8")
         nvfp4 += is_nvfp4
         if d.scheme == "unquantized":
             if is_nvfp4:
-                findings.append(Finding("unexpected_tensor", module, "", "holds NVFP4 tensors "
+                findings.append(Finding("unexpected_tensor", module, "", f"holds {d.family} tensors "
                                         f"({', '.join(sorted(leaves))}) but the config declares no quantization"))
         elif ignored(module, d.ignore):
             if is_nvfp4:
                 findings.append(Finding("quantized_but_ignored", module, "", "matches the config's ignore list "
-                                        f"but holds NVFP4 tensors ({', '.join(sorted(leaves))})"))
+                                        f"but holds {d.family} tensors ({', '.join(sorted(leaves))})"))
+        elif is_nvfp4 and d.weights is not None:  # integer weight-only
+            findings += [Finding(*f) for f in lint_wna16.check_module(module, leaves, d.producer, d.weights,
+                                                                      block_scales)]
         elif is_nvfp4:
             findings += _check_module(module, leaves, d, block_scales)
         else:
@@ -381,6 +395,6 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
                 findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
                                         "scales, but the config quantizes every Linear it does not ignore"))
     findings += [Finding(*f) for f in experts.check(modules, config, path / "config.json")]
-    if d.scheme != "unquantized":
+    if d.scheme != "unquantized" and d.weights is None:
         findings += _check_fused(modules, d)
     return LintReport(path, d, len(tensors), nfiles, nvfp4, findings)

@@ -17,10 +17,15 @@ from quantmatrix.checkpoints.schemes.wna16 import Quantized, pack_int32, params
 from quantmatrix.schema.synthetic import SyntheticSpec
 
 LEAVES = {"wna16": {"weight": "qweight", "zero_point": "qzeros", "block_scale": "scales"}}
+# role -> (its dimensions in checkpoints.lint_wna16's words, when AWQ writes it)
+SHAPES = {"wna16": {"weight": (("in", "out/pack"), "always"), "zero_point": (("groups", "out/pack"), "always"),
+                    "block_scale": (("groups", "out"), "always")}}
 # AutoAWQ's pack order for 4-bit (its gemm kernels' interleave): slot k of an int32 holds output AWQ_ORDER[k].
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 # synthetic zero_point_order -> slot order of qzeros; "gptq" (sequential) is a malformed export
 _ZERO_ORDERS = {"awq": AWQ_ORDER, "gptq": (0, 1, 2, 3, 4, 5, 6, 7)}
+# how its codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
+PACKING = {"wna16": {"slot_order": "awq", "zero_offset": 0}}
 
 
 class _WNA16:

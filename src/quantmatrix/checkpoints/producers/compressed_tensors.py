@@ -30,8 +30,14 @@ LEAVES = {"nvfp4": {"weight": "weight_packed", "block_scale": "weight_scale", "g
                     "input_scale": "input_global_scale"},
           "wna16": {"weight": "weight_packed", "block_scale": "weight_scale", "zero_point": "weight_zero_point",
                     "g_idx": "weight_g_idx", "weight_shape": "weight_shape"}}
+# WNA16 role -> (its dimensions in checkpoints.lint_wna16's words, when the package writes it)
+SHAPES = {"wna16": {"weight": (("out", "in/pack"), "always"), "block_scale": (("out", "groups"), "always"),
+                    "weight_shape": (("2",), "always"), "zero_point": (("out/pack", "groups"), "asymmetric"),
+                    "g_idx": (("in",), "actorder")}}
 # Per scheme module: the package's preset with quantized activations, the weight-only one, and the format.
 _PRESETS = {"nvfp4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized")}
+# how its WNA16 codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
+PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0}}
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:

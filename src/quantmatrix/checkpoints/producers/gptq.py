@@ -18,6 +18,11 @@ from quantmatrix.checkpoints.schemes.wna16 import Quantized, pack_int32, params
 from quantmatrix.schema.synthetic import SyntheticSpec
 
 LEAVES = {"wna16": {"weight": "qweight", "zero_point": "qzeros", "block_scale": "scales", "g_idx": "g_idx"}}
+# role -> (its dimensions in checkpoints.lint_wna16's words, when GPTQ writes it): vLLM registers all four
+SHAPES = {"wna16": {"weight": (("in/pack", "out"), "always"), "zero_point": (("groups", "out/pack"), "always"),
+                    "block_scale": (("groups", "out"), "always"), "g_idx": (("in",), "always")}}
+# how its codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
+PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 1}}  # qzeros hold zero - 1 (v1 format)
 
 
 class _WNA16:
