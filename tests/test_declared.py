@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from quantmatrix.adapter import declared
-from quantmatrix.adapter.declared import Declaration, declare, group_activations
+from quantmatrix.adapter.declared import Declaration, IntWeights, declare, group_activations
 from quantmatrix.errors import AdapterMismatch
 
 
@@ -52,13 +52,55 @@ def test_groups_disagree_on_the_question_their_producer_asks():
     ({"quant_method": "modelopt_fp4", "quantization": {"quant_algo": "nvfp4"}}, "modelopt", "w4a4", "NVFP4"),
     ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "modelopt", None, "MXFP8"),
     ({"quant_method": "modelopt"}, "modelopt", None, None),
-    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "compressed-tensors", None, None),
-    ({"quant_method": "GPTQ"}, "gptq", None, None),
+    ({"quant_method": "compressed-tensors", "format": "int-quantized"}, "compressed-tensors", None, None),
+    ({"quant_method": "bitsandbytes"}, "bitsandbytes", None, None),
     ({"quant_method": ""}, "none", "unquantized", None),
 ])
-def test_what_is_neither_nvfp4_nor_fp8_has_no_scheme(qc, producer, scheme, algo):
+def test_what_no_family_reads_has_no_scheme(qc, producer, scheme, algo):
     d = declare(qc)
     assert (d.producer, d.scheme, d.algo) == (producer, scheme, algo)
+
+
+@pytest.mark.parametrize(("qc", "scheme", "family"), [
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "w4a4", "nvfp4"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8_static", "fp8"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}, "fp8_block", "fp8_block"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_dynamic", "fp8"),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, "fp8_block",
+     "fp8_block"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "g": {"weights": {"type": "float", "strategy": "channel"}, "input_activations": {"dynamic": True}}}},
+     "fp8_dynamic", "fp8"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "weight_only", "wna16"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {
+        "g": {"input_activations": None}}}, "weight_only", "nvfp4"),
+])
+def test_the_family_names_the_scheme_module_whose_tensors_the_lint_checks(qc, scheme, family):
+    """Two families read weight_only (NVFP4 W4A16, integer WNA16): the lint picks its module check by family."""
+    d = declare(qc)
+    assert (d.scheme, d.family) == (scheme, family)
+
+
+@pytest.mark.parametrize(("qc", "scheme", "weights"), [
+    ({"quant_method": "GPTQ"}, "weight_only", IntWeights(4, 128, False, True)),  # GPTQ's defaults
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "desc_act": True, "sym": True}, "weight_only",
+     IntWeights(8, -1, True, True)),
+    ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True}, "weight_only",
+     IntWeights(4, 32, False, False)),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": True}}}}, "weight_only",
+     IntWeights(8, -1, False, True)),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "actorder": "group"}}}},
+     "weight_only", IntWeights(4, 32, True, True)),
+    # no group at all: vLLM quantizes nothing, whatever the tensors hold
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}, "unquantized", None),
+])
+def test_integer_weight_only_declarations(qc, scheme, weights):
+    """GPTQ, AWQ and compressed-tensors pack-quantized read as integer weight-only, with the bits, groups,
+    activation order and zero points the lint checks the tensors against."""
+    d = declare(qc)
+    assert (d.scheme, d.family, d.weights) == (scheme, "wna16", weights)
 
 
 def test_no_quantization_config_is_unquantized():

@@ -83,3 +83,10 @@ def test_render_refuses_a_file_without_its_markers():
 def test_cli_docs_check_says_the_docs_are_current(capsys):
     assert cli.main(["docs", "--check"]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def test_a_scheme_no_layer_check_selects_expects_no_read_set(default):
+    """WNA16 is checked at config and file level only: the table must not lend it NVFP4's read-sets because both
+    resolve to weight_only."""
+    rows = [r for r in doc_tables.dispatch(default).splitlines() if r.startswith("| `wna16_int4_g32` | `gptq`")]
+    assert rows and all("layer_dispatch does not select it" in r and "MARLIN" not in r for r in rows), rows

@@ -139,10 +139,10 @@ def _replace(old: str, new: str) -> str:
 BAD = [
     ("scheme-without-factory", _replace(", factory: nvfp4_w4a4,", ","), 27,
      "checkpoints[1].scheme: scheme 'nvfp4_w4a4' has no `factory:` (the factory scheme a synthetic checkpoint of it "
-     "is built as: one of bf16, nvfp4_weight_only, nvfp4_w4a4, fp8_static, fp8_dynamic, fp8_block)"),
+     "is built as: one of " + ", ".join(factory.SCHEMES) + ")"),
     ("unknown-factory", _replace("factory: nvfp4_w4a4", "factory: nvfp4_w4a8"), 15,
-     "schemes[2].factory: expected one of bf16, nvfp4_weight_only, nvfp4_w4a4, fp8_static, fp8_dynamic, fp8_block; "
-     "got 'nvfp4_w4a8' (did you mean 'nvfp4_w4a4'?)"),
+     "schemes[2].factory: expected one of " + ", ".join(factory.SCHEMES) + "; got 'nvfp4_w4a8' (did you mean "
+     "'nvfp4_w4a4'?)"),
     ("producer-cannot-write-it", _replace("producer: modelopt\n    scheme: nvfp4_w4a4", "producer: none\n    scheme: "
                                           "nvfp4_w4a4"), 25,
      "producer 'none' writes no nvfp4 checkpoints (it writes bf16); a nvfp4_w4a4 one comes from modelopt, "
@@ -171,8 +171,7 @@ def test_a_spec_made_in_code_with_an_unregistered_factory_scheme_says_so():
     """Outside the loader (which refuses it at file:line), a spec naming no registered factory scheme says which
     exist instead of failing on a lookup."""
     assert SyntheticSpec(producer="modelopt", scheme="nvfp4_w4a16").problem() == (
-        "factory scheme 'nvfp4_w4a16' is none of bf16, nvfp4_weight_only, nvfp4_w4a4, fp8_static, fp8_dynamic, "
-        "fp8_block")
+        "factory scheme 'nvfp4_w4a16' is none of " + ", ".join(factory.SCHEMES))
 
 
 def test_a_hub_only_scheme_needs_no_factory(tmp_path):

@@ -154,11 +154,12 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
                                                                 "lint knows "
      "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
     ({**CT, "format": "pack-quantized"}, None, "config.json: compressed-tensors format 'pack-quantized' is not "
-                                               "nvfp4-pack-quantized or float-quantized"),
+                                               "nvfp4-pack-quantized, float-quantized or pack-quantized with int "
+                                               "weights"),
     ({"quant_method": "fp8", "activation_scheme": "per-token"}, None, "config.json: fp8 activation_scheme "
                                                                       "'per-token' is neither static nor dynamic"),
-    ({"quant_method": "gptq"}, None, "config.json: quant_method 'gptq' is neither modelopt nor compressed-tensors "
-                                     "(nor fp8)"),
+    ({"quant_method": "bitsandbytes"}, None, "config.json: quant_method 'bitsandbytes' is none of modelopt, "
+                                             "compressed-tensors, fp8, gptq, awq"),
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
     ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),
@@ -221,7 +222,7 @@ def test_a_sound_module_is_clean_and_the_report_says_so(tmp_path):
         f"quantmatrix lint {d}",
         "declared: modelopt w4a4 (config.json quant_algo NVFP4, g input_activations quantized); ignore: lm_head, "
         "re:.*norm",
-        "read: 1 safetensors file(s), 5 tensors, 1 NVFP4 modules (headers and per-tensor scales only)",
+        "read: 1 safetensors file(s), 5 tensors, 1 NVFP4 modules (headers, per-tensor scales and group indices only)",
         "OK: every tensor agrees with the declared scheme"])
 
 

@@ -109,9 +109,11 @@ def test_default_matrix_loads():
     from pathlib import Path
 
     m = load(Path(__file__).parent.parent / "matrices" / "default.yaml")
-    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "fp8", "none"}
+    assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "fp8", "gptq", "awq", "none"}
     assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", "fp8_static",
-                                                      "fp8_dynamic", "fp8_block"}
+                                                      "fp8_dynamic", "fp8_block", *(
+        f"wna16_{v}" for v in ("int4_g32", "int4_g32_actorder", "int4_channel", "int8_g32", "int8_channel",
+                               "int4_g48"))}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}
     assert {a.name for a in m.archs} >= {"sm100", "sm120", "sm121"}
 

@@ -20,6 +20,9 @@ MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm
            *QUANT_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
 METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8")
+# vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the
+# attributes that name the variant they resolved to.
+_WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
 
 # ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
 _MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
@@ -102,9 +105,12 @@ def _fp8_words(block: bool, dynamic: bool) -> str:
 
 
 def _classify_ct(linear: Any) -> tuple[str, str]:
-    """A compressed-tensors Linear target: 8-bit float weights are FP8 (block, or by the activations' `dynamic`),
-    anything else NVFP4 by whether activations are quantized."""
+    """A compressed-tensors Linear target: integer weights without activations are WNA16, 8-bit float weights are
+    FP8 (block, or by the activations' `dynamic`), anything else NVFP4 by whether activations are quantized."""
     weights, acts = linear.get("weights"), linear.get("input_activations")
+    if getattr(weights, "type", None) == "int" and acts is None:
+        return (f"W{weights.num_bits}A16 (int {weights.strategy}, group_size {weights.group_size}, "
+                f"{'symmetric' if weights.symmetric else 'zero points'})", "weight_only")
     if weights is not None and getattr(weights, "num_bits", None) == 8 and str(getattr(weights, "type", "")) in (
             "float", "QuantizationType.FLOAT"):
         strategy = str(getattr(weights, "strategy", ""))
@@ -139,6 +145,11 @@ def classify(config: Any) -> tuple[str, str]:
         return algo, _MODELOPT_ALGOS[algo]
     if name == "ModelOptMixedPrecisionConfig":
         return _classify_mixed(config)
+    if name in _WNA16_CONFIGS:
+        quant_type, group = getattr(config, "quant_type", None), getattr(config, "group_size", None)
+        if quant_type is None or group is None:
+            raise AdapterMismatch(f"{name} has no quant_type / group_size: update quantmatrix/adapter/config.py")
+        return f"{_WNA16_CONFIGS[name]} {quant_type} group_size {group}", "weight_only"
     if name == "CompressedTensorsConfig":
         scheme_map = getattr(config, "target_scheme_map", None)
         if not isinstance(scheme_map, dict):

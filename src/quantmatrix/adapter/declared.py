@@ -9,8 +9,11 @@ legacy hf_quant_config.json, and decides:
 - compressed-tensors: a group quantizes activations when its `input_activations` is truthy (an empty mapping,
   null or no key is weight-only: CompressedTensorsConfig._quantization_scheme_map_from_config); no group at all
   quantizes nothing (every Linear gets UnquantizedLinearMethod). float-quantized (FP8) groups: block weights are
-  block-wise FP8, else the activations' `dynamic` decides static or dynamic.
+  block-wise FP8, else the activations' `dynamic` decides static or dynamic. Format `pack-quantized` with int
+  weights and no activation quantization is integer weight-only (WNA16).
 - fp8 (Fp8Config): `weight_block_size` is block-wise FP8, else `activation_scheme` static or dynamic.
+- GPTQ / AWQ (`quant_method` gptq / awq): integer weight-only, `bits`, `group_size` (-1: channel-wise), GPTQ's
+  `desc_act` (activation order) and `sym`, AWQ's `zero_point`.
 Pure data in, data out: no vLLM import, so the lint reads a checkpoint with no vLLM installed.
 """
 
@@ -27,6 +30,44 @@ MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only", "FP8": "fp8_sta
                   "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
 CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
 CT_FP8_FORMAT = "float-quantized"
+CT_WNA16_FORMAT = "pack-quantized"
+# The scheme module (checkpoints.schemes) whose tensors an FP8 reading names; any other reading of ModelOpt,
+# compressed-tensors float-quantized or fp8 (NVFP4, unquantized, unknown) is an NVFP4 one.
+FP8_FAMILIES = {"fp8_static": "fp8", "fp8_dynamic": "fp8", "fp8_block": "fp8_block"}
+WNA16_METHODS = ("gptq", "awq")  # quant_methods that are integer weight-only whatever their other keys say
+
+
+@dataclasses.dataclass(frozen=True)
+class IntWeights:
+    """An integer weight-only config's weights: what the packed tensors' shapes and values must agree with."""
+
+    bits: int
+    group_size: int  # -1: one group per output channel
+    actorder: bool  # groups formed in activation order: a g_idx tensor says which group each input is in
+    symmetric: bool  # no zero points of the checkpoint's own
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def gptq_awq_weights(qc: Mapping[str, Any], producer: str) -> IntWeights:
+    """GPTQ's bits / group_size / desc_act / sym, AWQ's bits / group_size / zero_point (missing keys: the
+    producers' defaults, 4 bits and groups of 128)."""
+    bits, group = _int(qc.get("bits", qc.get("w_bit")), 4), _int(qc.get("group_size", qc.get("q_group_size")), 128)
+    if producer == "awq":
+        return IntWeights(bits, group, False, qc.get("zero_point", True) is False)
+    return IntWeights(bits, group, qc.get("desc_act") is True, qc.get("sym", True) is not False)
+
+
+def ct_int_weights(group: Any) -> IntWeights | None:
+    """A compressed-tensors group's int weights (strategy channel: group_size -1), None for any other weights."""
+    weights = group.get("weights") if isinstance(group, Mapping) else None
+    if not isinstance(weights, Mapping) or weights.get("type") != "int":
+        return None
+    size = -1 if weights.get("strategy") == "channel" else _int(weights.get("group_size"), -1)
+    return IntWeights(_int(weights.get("num_bits"), 4), size, weights.get("actorder") == "group",
+                      weights.get("symmetric", True) is not False)
 
 
 def group_activations(group: Any) -> str:
@@ -82,6 +123,9 @@ class Declaration:
     groups: tuple[tuple[str, str], ...] = ()
     groups_shape: str = "missing"
     disagree: bool = False
+    family: str = "nvfp4"  # the scheme module whose tensors the checkpoint holds (checkpoints.schemes): nvfp4,
+    # fp8 / fp8_block (FP8_FAMILIES), wna16
+    weights: IntWeights | None = None  # integer weight-only: the declared bits, groups, order, zero points
 
     def groups_text(self) -> str:
         """`g input_activations null, h input_activations quantized`, or what stands in for the groups."""
@@ -132,16 +176,29 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
         scheme = MODELOPT_ALGOS.get(algo or "")
         if algo == "NVFP4" and says_none and all(says_none):
             scheme = "weight_only"
-        return Declaration(producer, scheme, algo, None, acts, shape, any(says_none) and not all(says_none))
+        return Declaration(producer, scheme, algo, None, acts, shape, any(says_none) and not all(says_none),
+                           FP8_FAMILIES.get(scheme or "", "nvfp4"))
     if producer == "compressed-tensors" and qc.get("format") == CT_FP8_FORMAT:
-        return Declaration(producer, _ct_fp8(groups) if groups else "unquantized", None, CT_FP8_FORMAT, acts, shape)
+        scheme = _ct_fp8(groups) if groups else "unquantized"
+        return Declaration(producer, scheme, None, CT_FP8_FORMAT, acts, shape,
+                           family=FP8_FAMILIES.get(scheme, "nvfp4"))
     if producer == "fp8":
         block, scheme = qc.get("weight_block_size"), qc.get("activation_scheme")
         fp8 = "fp8_block" if block else {"static": "fp8_static", "dynamic": "fp8_dynamic"}.get(str(scheme))
-        return Declaration(producer, fp8, None, None, acts, shape)
+        return Declaration(producer, fp8, None, None, acts, shape, family=FP8_FAMILIES.get(fp8 or "", "nvfp4"))
+    if producer in WNA16_METHODS:
+        w = gptq_awq_weights(qc, producer)
+        return Declaration(producer, "weight_only", f"{producer.upper()} int{w.bits}", None, acts, shape,
+                           family="wna16", weights=w)
     if producer == "compressed-tensors":
         fmt = qc.get("format")
         quantized = [_ct_quantizes(g) for g in groups.values()]
+        ints = {ct_int_weights(g) for g in groups.values()}
+        if fmt == CT_WNA16_FORMAT and not groups:
+            return Declaration(producer, "unquantized", None, fmt, acts, shape, family="wna16")
+        if fmt == CT_WNA16_FORMAT and None not in ints and not any(quantized):
+            return Declaration(producer, "weight_only", None, fmt, acts, shape, len(ints) > 1, family="wna16",
+                               weights=next(iter(ints)))
         scheme = None if fmt != CT_NVFP4_FORMAT else (
             "unquantized" if not groups else "w4a4" if any(quantized) else "weight_only")
         return Declaration(producer, scheme, None, fmt if isinstance(fmt, str) else None, acts, shape,

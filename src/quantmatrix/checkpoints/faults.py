@@ -50,9 +50,9 @@ def _corrupt(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
                                       "floating scale as float8_e4m3fn")
                 tensors[name] = t.to(torch.float8_e4m3fn)
                 continue
-            if not t.is_floating_point():
+            if not t.is_floating_point() and fault != "zero":
                 raise MatrixError(f"synthetic.corrupt_tensors: {name} is {t.dtype}; a {fault} fault needs a "
-                                  "floating tensor (a scale)")
+                                  "floating tensor (a scale); an integer one takes zero")
             if fault == "inf" and t.dtype == torch.float8_e4m3fn:
                 raise MatrixError(f"synthetic.corrupt_tensors: {name} is float8_e4m3fn, which has no inf "
                                   "(E4M3FN saturates or turns into NaN); use nan or zero")

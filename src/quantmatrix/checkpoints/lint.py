@@ -4,7 +4,9 @@ and per expert.
 It reads safetensors headers (and the few bytes of per-tensor scales), never the weights, so it runs on a
 real 30B export in a second. The declaration is read the way vLLM reads it (weight-only when ModelOpt's
 quant_algo is W4A16_NVFP4 or every config group's input_activations is None; compressed-tensors: a falsy
-input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree.
+input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree. The
+declaration's family (the scheme module whose tensors it holds) picks the module check: NVFP4 and FP8 here, integer
+weight-only exports (GPTQ, AWQ, compressed-tensors pack-quantized) in checkpoints.lint_wna16.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, producers
+from quantmatrix.checkpoints import experts, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
 from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
@@ -24,11 +26,9 @@ from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, rea
 __all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "Declared", "Finding", "LintError", "LintReport", "declared",
            "ignored", "lint"]
 SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes those): each producer's names for it
-# The scheme module whose tensors a declared scheme names (producers.leaves), the format's word, and the dtype its
-# quantized weights are stored in.
-MODULES = {"weight_only": "nvfp4", "w4a4": "nvfp4", "unquantized": "nvfp4", "fp8_static": "fp8",
-           "fp8_dynamic": "fp8", "fp8_block": "fp8_block"}
-FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8"}
+# Per scheme module (a Declared's family: producers.leaves names its tensors), the format's word, and the dtype a
+# quantized weight named `weight` is stored in (WNA16 producers name theirs apart: qweight, weight_packed).
+FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only"}
 _WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
@@ -71,7 +71,7 @@ class LintReport:
                  f"declared: {d.producer} {d.scheme} ({shown(d.why)}); "
                  f"ignore: {shown(', '.join(d.ignore), 2000) or '-'}",
                  f"read: {self.files} safetensors file(s), {self.tensors} tensors, {self.nvfp4_modules} "
-                 f"{FORMAT_WORDS[MODULES[d.scheme]]} modules (headers and per-tensor scales only)"]
+                 f"{FORMAT_WORDS[d.family]} modules (headers, per-tensor scales and group indices only)"]
         if not self.findings:
             return "\n".join([*lines, "OK: every tensor agrees with the declared scheme"])
         counts: dict[str, int] = {}
@@ -174,7 +174,7 @@ def _check_scale(t: Tensor, leaf: str, bad: Callable[[str, str, str], None], val
 def _check_fp8(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
     """One FP8 module: an F8_E4M3 weight, its scale in the declared granularity, and an input_scale exactly when
     the config declares static activations."""
-    module_of = MODULES[d.scheme]
+    module_of = d.family
     names = producers.leaves(d.producer, module_of)
     weight, scale, inputs = names["weight"], names["block_scale"], names["input_scale"]
     out: list[Finding] = []
@@ -295,8 +295,15 @@ def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Fin
     return out
 
 
-# scheme module -> the check of one of its quantized modules
-_CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8}
+def _check_wna16(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
+    """One integer weight-only module against the declared bits, groups, order and zero points."""
+    if d.weights is None:
+        raise LintError(f"{module}: an integer weight-only declaration without its weights (lint_config.declared)")
+    return [Finding(*f) for f in lint_wna16.check_module(module, leaves, d.producer, d.weights, block_scales)]
+
+
+# scheme module (a Declared's family) -> the check of one of its quantized modules
+_CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8, lint_wna16.WNA16: _check_wna16}
 
 
 def lint(path: Path, block_scales: bool = False) -> LintReport:
@@ -316,14 +323,14 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
         raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
                         f"{MAX_MATCHES} matches this lint makes")
     count = 0
-    module_of = MODULES[d.scheme]
+    module_of = d.family
     words = FORMAT_WORDS[module_of]
     quantized = producers.quantized_leaves(module_of)
     check = _CHECKS[module_of]
     for module, leaves in modules.items():
         weight = leaves.get("weight")
         is_quantized = bool(quantized & set(leaves)) or (
-            weight is not None and weight.dtype == _WEIGHT_DTYPES[module_of])
+            weight is not None and weight.dtype == _WEIGHT_DTYPES.get(module_of))
         count += is_quantized
         if d.scheme == "unquantized":
             if is_quantized:

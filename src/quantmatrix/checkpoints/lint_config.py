@@ -1,5 +1,6 @@
 """What a checkpoint's config declares, for the lint (checkpoints.lint): the scheme in vLLM's reading
-(adapter.declared), its ignore list, config-level findings, and the Finding every lint check returns."""
+(adapter.declared), the scheme module (family) whose tensors it holds, its ignore list, config-level findings, and
+the Finding every lint check returns."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter.declared import CT_FP8_FORMAT, CT_NVFP4_FORMAT, MODELOPT_ALGOS, Declaration, declare
+from quantmatrix.adapter.declared import (
+    CT_FP8_FORMAT,
+    CT_NVFP4_FORMAT,
+    CT_WNA16_FORMAT,
+    MODELOPT_ALGOS,
+    Declaration,
+    IntWeights,
+    declare,
+)
+from quantmatrix.checkpoints import lint_wna16
 from quantmatrix.checkpoints.untrusted import LintError, ignore_list, json_object, safe_regex
 
 _EXPERT = re.compile(r"\.layers\.([0-9]+)\..*\.experts\.(0|[1-9][0-9]*)\.")
@@ -44,10 +54,12 @@ class Finding:
 class Declared:
     """What the config says, in vLLM's reading."""
 
-    producer: str  # modelopt | compressed-tensors | fp8 | none
+    producer: str  # modelopt | compressed-tensors | fp8 | gptq | awq | none
     scheme: str  # a schema.vocab.RESOLUTIONS word but rejected: weight_only | w4a4 | fp8_static | ... | unquantized
     why: str
     ignore: tuple[str, ...]
+    weights: IntWeights | None = None  # integer weight-only (checkpoints.lint_wna16): bits, groups, order, zeros
+    family: str = "nvfp4"  # the scheme module whose tensors it holds (adapter.declared): nvfp4 | fp8 | ... | wna16
 
 
 # -------------------------------------------------------------------------------------- declaration
@@ -72,7 +84,7 @@ def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
         raise LintError(f"{legacy}: quant_algo {d.algo!r} is not one this lint knows ({', '.join(MODELOPT_ALGOS)})")
     shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
     return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
-                    _ignore(inner.get("exclude_modules"), legacy)), _disagreement(d)
+                    _ignore(inner.get("exclude_modules"), legacy), family=d.family), _disagreement(d)
 
 
 def _disagreement(d: Declaration) -> list[Finding]:
@@ -107,22 +119,27 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
         if d.scheme is None:
             raise LintError(f"{where}: quant_algo {d.algo!r} is not one this lint knows ({', '.join(MODELOPT_ALGOS)})")
         return Declared("modelopt", d.scheme, f"config.json quant_algo {d.algo}, {d.groups_text()}",
-                        _ignore(qc.get("ignore") or qc.get("exclude_modules"), where)), _disagreement(d)
+                        _ignore(qc.get("ignore") or qc.get("exclude_modules"), where),
+                        family=d.family), _disagreement(d)
     if d.producer == "compressed-tensors":
         if d.scheme is None:
             raise LintError(f"{where}: compressed-tensors format {qc.get('format')!r} is not "
-                            f"{CT_NVFP4_FORMAT} or {CT_FP8_FORMAT}")
+                            f"{CT_NVFP4_FORMAT}, {CT_FP8_FORMAT} or {CT_WNA16_FORMAT} with int weights")
         return Declared("compressed-tensors", d.scheme, f"config.json format {d.format}, {d.groups_text()}",
-                        _ignore(qc.get("ignore"), where)), _disagreement(d)
+                        _ignore(qc.get("ignore"), where), d.weights, d.family), _disagreement(d)
     if d.producer == "fp8":
         if d.scheme is None:
             raise LintError(f"{where}: fp8 activation_scheme {qc.get('activation_scheme')!r} is neither static nor "
                             "dynamic")
         return Declared("fp8", d.scheme, f"config.json quant_method fp8, activation_scheme "
                         f"{qc.get('activation_scheme')}, weight_block_size {qc.get('weight_block_size')}",
-                        _ignore(qc.get("ignored_layers") or qc.get("modules_to_not_convert"), where)), []
-    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is neither modelopt nor compressed-tensors "
-                    "(nor fp8)")
+                        _ignore(qc.get("ignored_layers") or qc.get("modules_to_not_convert"), where),
+                        family=d.family), []
+    if d.weights is not None:
+        return Declared(d.producer, d.scheme or "weight_only", f"config.json {lint_wna16.words(d.producer, d.weights)}",
+                        _ignore(lint_wna16.ignore_patterns(qc), where), d.weights, d.family), []
+    raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is none of modelopt, compressed-tensors, fp8, "
+                    "gptq, awq")
 
 
 def ignored(module: str, patterns: Iterable[str]) -> bool:

@@ -58,12 +58,19 @@ def hf_problem(greedy: HfGreedy) -> str | None:
 def dequant_verdict(case: Case, err: LogitError) -> Verdict:
     """The export's dequantized model stays within the logit bounds of the bf16 model it came from (a NaN error
     never passes: every comparison with NaN is false)."""
-    return Verdict.of(case, dequant_problem(err), [(P.LOGIT_REL_ERROR, round(err.rel_error, 5)),
+    strays = case.cell.checkpoint.expectation("dequant_strays", default=False)
+    return Verdict.of(case, dequant_problem(err, strays), [(P.LOGIT_REL_ERROR, round(err.rel_error, 5)),
                                                    (P.TOP1_AGREEMENT, round(err.top1, 4))])
 
 
-def dequant_problem(err: LogitError) -> str | None:
+def dequant_problem(err: LogitError, strays: bool = False) -> str | None:
+    """Within the bounds, or (`strays`: a deliberately broken export, matrix `dequant_strays: true`) beyond them."""
     within = err.rel_error <= LOGIT_REL_ERROR_BOUND and err.top1 >= TOP1_AGREEMENT_BOUND
+    if strays:
+        return None if not within else (
+            f"the matrix says this export's files decode to a model beyond the bound (dequant_strays), but it stays "
+            f"within: logit relative error {err.rel_error:.4f} (bound {LOGIT_REL_ERROR_BOUND}), top-1 agreement "
+            f"{err.top1:.3f} (bound {TOP1_AGREEMENT_BOUND})")
     return None if within else (
         f"dequantized model strays from bf16: logit relative error {err.rel_error:.4f} (bound "
         f"{LOGIT_REL_ERROR_BOUND}), top-1 agreement {err.top1:.3f} (bound {TOP1_AGREEMENT_BOUND})")

@@ -1,6 +1,7 @@
 """The model a checkpoint's files decode to, and how far its logits stray from the bf16 model it was quantized
 from: the measurement behind dequant_logits (checks.checkpoint judges it against the stated bounds). The packed
-weights are decoded by vLLM's own dequantization (adapter.nvfp4), never by the factory's unpack."""
+weights are decoded by vLLM's own dequantization (adapter.nvfp4) or, for integer weight-only exports, unpacked by
+vLLM's own packing helpers (adapter.wna16) and decoded by the format's arithmetic, never by the factory's unpack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.checkpoints import producers
-from quantmatrix.checkpoints.lint import SCHEME, declared
+from quantmatrix.checkpoints.lint import SCHEME, Declared, declared
+from quantmatrix.checkpoints.lint_wna16 import WNA16
 
 # Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
 INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
@@ -34,11 +36,14 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
 
     from quantmatrix.adapter import nvfp4 as vllm_nvfp4
 
-    producer = declared(checkpoint_dir)[0].producer
-    names = producers.leaves(producer, SCHEME)
+    d = declared(checkpoint_dir)[0]
+    producer = d.producer
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(checkpoint_dir.glob("*.safetensors")):
         tensors.update(load_file(file))
+    if d.weights is not None:
+        return _wna16_state(checkpoint_dir, d, tensors)
+    names = producers.leaves(producer, SCHEME)
     state = {}
     for name, t in tensors.items():
         module, _, leaf = name.rpartition(".")
@@ -55,6 +60,51 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
                                                               torch.bfloat16)
         elif leaf not in producers.quantized_leaves(SCHEME):
             state[name] = t
+    return state
+
+
+def _oriented(t: Any, words: tuple[str, ...], bits: int, slot_order: str) -> Any:
+    """A stored WNA16 tensor as [out, in or groups]: unpacked along its packed dimension by vLLM's helpers,
+    transposed where the producer stores the inputs (or groups) first."""
+    packed_dim = next((i for i, w in enumerate(words) if w.endswith("/pack")), None)
+    if packed_dim is not None:
+        from quantmatrix.adapter import wna16 as vllm_wna16
+
+        t = vllm_wna16.unpack(t, bits, packed_dim, slot_order)
+    return t.T if words[0] in ("in", "in/pack", "groups") else t
+
+
+def _wna16_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The bf16 state of an integer weight-only export: (code - zero) * scale per input's group, codes and zero
+    points unpacked by vLLM (adapter.wna16) in the producer's slot order, zero 2**(bits-1) when symmetric (what
+    vLLM's uint4b8 / uint8b128 kernels use), groups from g_idx where the export holds one."""
+    import torch
+
+    w = d.weights
+    assert w is not None
+    names, dims = producers.leaves(d.producer, WNA16), producers.shapes(d.producer, WNA16)
+    pk = producers.packing(d.producer, WNA16)
+    skip = producers.quantized_leaves(WNA16)
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf in skip and leaf != names["weight"]:
+            continue
+        if leaf != names["weight"] or t.dtype != torch.int32:
+            state[name] = t
+            continue
+        scales, zeros = f"{module}.{names['block_scale']}", f"{module}.{names.get('zero_point')}"
+        if scales not in tensors or (not w.symmetric and zeros not in tensors):
+            raise ValueError(f"{checkpoint_dir}: {name} is packed int{w.bits} but its scales or zero points are "
+                             "missing: the lint names it; this check cannot decode the weight")
+        codes = _oriented(t, dims["weight"][0], w.bits, pk["slot_order"])
+        scale = _oriented(tensors[scales], dims["block_scale"][0], w.bits, pk["slot_order"]).float()
+        zero = torch.full_like(scale, 2 ** (w.bits - 1)) if w.symmetric else (
+            _oriented(tensors[zeros], dims["zero_point"][0], w.bits, pk["slot_order"]) + pk["zero_offset"])
+        size = codes.shape[1] if w.group_size == -1 else w.group_size
+        g_idx = tensors.get(f"{module}.{names.get('g_idx')}")
+        group = (g_idx if g_idx is not None else torch.arange(codes.shape[1]) // size).long()
+        state[f"{module}.weight"] = ((codes - zero[:, group]) * scale[:, group]).to(torch.bfloat16)
     return state
 
 

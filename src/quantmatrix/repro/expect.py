@@ -28,7 +28,7 @@ _KEYS = {
     "observed_reads": (),
     "checkpoint_lint": ("lint",),
     "hf_reference": (),
-    "dequant_logits": (),
+    "dequant_logits": ("dequant_strays",),
     "device_identity": (),
     "degeneration": ("degeneration", "degenerate"),
     "agreement": ("degeneration", "agreement_top_k"),

@@ -184,12 +184,14 @@ def observe_hf_reference(case: dict[str, Any], where: dict[str, Path]) -> Observ
 
 
 def observe_dequant_logits(case: dict[str, Any], where: dict[str, Path]) -> Observed:
-    """The model the NVFP4 files decode to (vLLM's dequantization) against the bf16 model it came from (base/)."""
+    """The model the files decode to (vLLM's dequantization / unpacking) against the bf16 model it came from
+    (base/)."""
     if not (where["base"] / "config.json").is_file():
         raise Unobservable(f"the bf16 model this checkpoint was quantized from is not at {where['base']}")
     err = dequant.dequant_error(dequant.dequantized_state(where["checkpoint"]), where["base"],
                                 case["expected"]["prompts"])
-    return checkpoint.dequant_problem(err), {"logit_rel_error": round(err.rel_error, 5),
+    strays = case["expected"].get("dequant_strays", False)
+    return checkpoint.dequant_problem(err, strays), {"logit_rel_error": round(err.rel_error, 5),
                                              "top1_agreement": round(err.top1, 4)}
 
 

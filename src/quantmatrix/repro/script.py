@@ -39,8 +39,9 @@ def frozen() -> dict[Callable[..., Any], list[tuple[Any, ...]]]:
     modules are imported by name (light imports for vLLM's plugin processes), which a script cannot do."""
     modules = sorted({s.module for s in SCHEMES.values()})
     pairs = [(p, m) for p in PRODUCERS for m in modules if m in producers.producer(p).LEAVES]
-    return {producers.leaves: pairs, producers.writers: [(m,) for m in modules],
-            producers.quantized_leaves: [(m,) for m in modules], producers._roles: [()]}
+    return {producers.leaves: pairs, producers.shapes: pairs, producers.packing: pairs,
+            producers.writers: [(m,) for m in modules], producers.quantized_leaves: [(m,) for m in modules],
+            producers._roles: [()]}
 
 
 def _doc(text: str) -> str:

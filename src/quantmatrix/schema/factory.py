@@ -21,6 +21,7 @@ class FactoryScheme:
     activations: str = "null"  # every config group's input_activations unless the spec says otherwise
     input_scales: bool = False  # whether `input_scales: auto` writes input-scale tensors
     granularity: str = "tensor"  # one weight scale per: tensor | channel | block (FP8; NVFP4's are fixed)
+    params: tuple[tuple[str, object], ...] = ()  # the scheme module's variant (schemes.wna16.Params: bits, ...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,14 +46,24 @@ SCHEMES = {
     "fp8_static": FactoryScheme("fp8", activations="quantized", input_scales=True),
     "fp8_dynamic": FactoryScheme("fp8", activations="quantized", granularity="channel"),
     "fp8_block": FactoryScheme("fp8_block", activations="quantized", granularity="block"),
+    # integer weight-only (schemes.wna16): cpu_tiny's 64 inputs take groups of 32, gpu_tiny's 128 too
+    "wna16_int4_g32": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32))),
+    "wna16_int4_g32_actorder": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32), ("actorder", True))),
+    "wna16_int4_channel": FactoryScheme("wna16", params=(("bits", 4), ("group_size", -1))),
+    "wna16_int8_g32": FactoryScheme("wna16", params=(("bits", 8), ("group_size", 32))),
+    "wna16_int8_channel": FactoryScheme("wna16", params=(("bits", 8), ("group_size", -1))),
+    # a group size neither tiny size's inputs divide (48): a malformed export
+    "wna16_int4_g48": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 48))),
 }
 PRODUCERS = {
     "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8"), forms=("config_json", "legacy"),
                                 keys=("quant_algo",)),
-    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "fp8", "fp8_block"),
+    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "fp8", "fp8_block", "wna16"),
                                           packages=("compressed-tensors",)),
     # transformers' FineGrainedFP8 / DeepSeek format: quant_method fp8 (vLLM's Fp8Config)
     "fp8": FactoryProducer("hf_fp8", writes=("fp8", "fp8_block")),
+    "gptq": FactoryProducer("gptq", writes=("wna16",)),
+    "awq": FactoryProducer("awq", writes=("wna16",), keys=("zero_point_order",)),
     "none": FactoryProducer("none", writes=("bf16",)),
 }
 # Where a producer's quantization config lives (`synthetic: {form: ...}`).

@@ -22,7 +22,7 @@ from quantmatrix.schema.vocab import (
     bad_hub_repo,
     bad_hub_revision,
 )
-from quantmatrix.schema.yamldoc import Doc, Field, as_text, list_of, matching, one_of, show
+from quantmatrix.schema.yamldoc import Doc, Field, as_bool, as_text, list_of, matching, one_of, show
 
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -86,6 +86,8 @@ SYNTHETIC_FIELDS: dict[str, Field] = {
                                "input_activations (default: what the scheme implies)", required=False),
     "config_groups": Field(one_of(synthetic.CONFIG_GROUPS), "present, empty or missing", required=False),
     "quant_algo": Field(as_text, "ModelOpt quant_algo override, e.g. W4A16_NVFP4", required=False),
+    "zero_point_order": Field(one_of(synthetic.ZERO_POINT_ORDERS), "AWQ: pack the zero points in AWQ's own order "
+                              "or GPTQ's sequential one (a malformed export)", required=False),
     "quantize": Field(one_of(synthetic.QUANTIZE), "which modules are quantized", required=False),
     "seed": Field(lambda d, n, w: d.typed(n, w, (int,), "an integer"), "seed of the family's bf16 weights",
                   required=False),
@@ -171,6 +173,8 @@ EXPECT_FIELDS: dict[str, Field] = {
     "lint": Field(list_of(finding_item(LINT_CODES)), "the checkpoint lint's findings ([] = clean): a code anywhere, or "
                   "{code, tensor} where the matrix names the tensor (each planted fault found where it is)",
                   required=False),
+    "dequant_strays": Field(as_bool, "true for an export whose files must decode to a model beyond "
+                            "dequant_logits' bound (a layout fault no header shows)", required=False),
     **e2e.EXPECT_FIELDS,
 }
 

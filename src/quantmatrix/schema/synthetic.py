@@ -26,6 +26,8 @@ INPUT_SCALES = ("auto", "present", "absent")
 # Faults `corrupt_tensors` can put into a tensor (zero / inf / nan values, a wrong shape, or a scale stored as
 # float8_e4m3fn: the wrong dtype, values rounded to E4M3).
 FAULTS = ("zero", "inf", "nan", "shape", "dtype")
+# The int32 slot orders a WNA16 producer may pack zero points in: AWQ's interleave, or GPTQ's sequential one.
+ZERO_POINT_ORDERS = ("awq", "gptq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +43,7 @@ class SyntheticSpec:
     input_activations: str | None = None  # None: what the scheme implies
     config_groups: str = "present"
     quant_algo: str | None = None  # None: what the scheme implies
+    zero_point_order: str | None = None  # AWQ: the int32 slot order of its qzeros (None: AWQ's own)
     quantize: str = "experts"
     seed: int = 0  # the bf16 weights; every variant of a family shares them
     input_scales: str = "auto"

@@ -14,7 +14,7 @@ VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (ada
 # per-token activations, or 128x128 weight blocks (dynamic per-group activations).
 RESOLUTIONS = ("weight_only", "w4a4", "fp8_static", "fp8_dynamic", "fp8_block", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
-ROLES = ("weight", "block_scale", "global_scale", "input_scale")
+ROLES = ("weight", "block_scale", "global_scale", "input_scale", "zero_point", "g_idx", "weight_shape")
 ACTIVATION_SCALES = ("read", "not_read", "any")
 AUDIT_FAILURES = ("unloaded", "nonfinite", "zero", "negative", "refused", "misplaced")
 SELECTOR_KEYS = ("checkpoint", "arch", "mode", "layout", "scheme", "producer", "check")

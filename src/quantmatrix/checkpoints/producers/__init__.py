@@ -41,6 +41,18 @@ def leaves(name: str, scheme: str) -> Mapping[str, str]:
     return producer(name).LEAVES[scheme]
 
 
+def shapes(name: str, scheme: str) -> Mapping[str, tuple[tuple[str, ...], str]]:
+    """Role -> (dimension words, when it is written) of producer `name`'s tensors in scheme module `scheme`, for
+    the schemes whose producers lay them out differently (checkpoints.lint_wna16); empty where none is stated."""
+    return getattr(producer(name), "SHAPES", {}).get(scheme, {})
+
+
+def packing(name: str, scheme: str) -> Mapping[str, Any]:
+    """How producer `name` packs scheme module `scheme`'s codes (its PACKING: int32 slot order, zero offset); empty
+    where it states none."""
+    return getattr(producer(name), "PACKING", {}).get(scheme, {})
+
+
 def writers(scheme: str) -> dict[str, Mapping[str, str]]:
     """Every producer that names tensors of scheme module `scheme`, with its role -> leaf names."""
     return {name: producer(name).LEAVES[scheme] for name in PRODUCERS if scheme in producer(name).LEAVES}

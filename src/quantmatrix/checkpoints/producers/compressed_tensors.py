@@ -6,6 +6,10 @@ NVFP4 (nvfp4-pack-quantized): <m>.weight_packed U8, <m>.weight_scale F8_E4M3, <m
 FP8 (float-quantized; presets FP8, FP8_DYNAMIC, FP8_BLOCK): <m>.weight F8_E4M3 [o, i], <m>.weight_scale in the
 model's dtype ([1] per tensor, [o, 1] per channel, [o/128, i/128] per block), <m>.input_scale [1] (FP8 only).
 Calibration sends every token through every expert.
+
+WNA16 (pack-quantized, the W4A16 / W8A16 presets): <m>.weight_packed I32 [out, in / (32/bits)] (symmetric codes
+offset to unsigned and packed along the inputs by the package's own pack_to_int32), <m>.weight_scale BF16
+[out, groups], <m>.weight_shape I64 [2], and <m>.weight_g_idx I32 [in] with actorder "group".
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from quantmatrix.schema.synthetic import SyntheticSpec
 if TYPE_CHECKING:
     import torch
 
+    from quantmatrix.checkpoints.schemes import wna16
     from quantmatrix.checkpoints.schemes.nvfp4 import Quantized
 
 # compressed-tensors replaces a zero block scale by the E4M3 "eps" it uses (calculate_qparams).
@@ -26,13 +31,22 @@ _ZERO_SCALE = 0.125
 _FP8_LEAVES = {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale"}
 LEAVES = {"nvfp4": {"weight": "weight_packed", "block_scale": "weight_scale", "global_scale": "weight_global_scale",
                     "input_scale": "input_global_scale"},
-          "fp8": _FP8_LEAVES, "fp8_block": _FP8_LEAVES}
-# Per factory scheme: the package's preset with quantized activations, the weight-only one, and the format.
+          "fp8": _FP8_LEAVES, "fp8_block": _FP8_LEAVES,
+          "wna16": {"weight": "weight_packed", "block_scale": "weight_scale", "zero_point": "weight_zero_point",
+                    "g_idx": "weight_g_idx", "weight_shape": "weight_shape"}}
+# WNA16 role -> (its dimensions in checkpoints.lint_wna16's words, when the package writes it)
+SHAPES = {"wna16": {"weight": (("out", "in/pack"), "always"), "block_scale": (("out", "groups"), "always"),
+                    "weight_shape": (("2",), "always"), "zero_point": (("out/pack", "groups"), "asymmetric"),
+                    "g_idx": (("in",), "actorder")}}
+# Per factory scheme: the package's preset with quantized activations, the weight-only one, and the format
+# (WNA16's schemes are built from their bits and groups: _wna16_scheme).
 _PRESETS = {"nvfp4_weight_only": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
             "nvfp4_w4a4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
             "fp8_static": ("FP8", "FP8", "float-quantized"),
             "fp8_dynamic": ("FP8_DYNAMIC", "FP8_DYNAMIC", "float-quantized"),
             "fp8_block": ("FP8_BLOCK", "FP8_BLOCK", "float-quantized")}
+# how its WNA16 codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
+PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0}}
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -89,7 +103,34 @@ class _FP8:
     input_amax = staticmethod(_NVFP4.input_amax)
 
 
-RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8(), "fp8_block": _FP8()}
+class _WNA16:
+    """compressed-tensors' pack-quantized layout (schemes.wna16.Export): symmetric, scales in the model's dtype."""
+
+    symmetric = True
+
+    @property
+    def scale_dtype(self) -> torch.dtype:
+        import torch
+
+        return torch.bfloat16
+
+    @staticmethod
+    def tensors(q: wna16.Quantized, spec: SyntheticSpec) -> dict[str, torch.Tensor]:
+        import torch
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+        signed = (q.codes - 2 ** (q.bits - 1)).to(torch.int8)
+        out = {"weight": pack_to_int32(signed, q.bits, packed_dim=1),
+               "block_scale": q.scale.to(torch.bfloat16).contiguous(),
+               "weight_shape": torch.tensor(list(q.codes.shape), dtype=torch.int64)}
+        from quantmatrix.checkpoints.schemes.wna16 import params
+
+        if params(spec).actorder:
+            out["g_idx"] = q.g_idx.to(torch.int32)
+        return out
+
+
+RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8(), "fp8_block": _FP8(), "wna16": _WNA16()}
 
 
 def _regex(glob: str) -> str:
@@ -97,12 +138,32 @@ def _regex(glob: str) -> str:
     return glob if "*" not in glob else "re:" + glob.replace(".", r"\.").replace("*", ".*")
 
 
+def _wna16_scheme(spec: SyntheticSpec) -> Any:
+    """The package's W{bits}A16 preset with the variant's group size (channel-wise for -1) and actorder."""
+    from compressed_tensors.quantization import QuantizationArgs, preset_name_to_scheme
+
+    from quantmatrix.checkpoints.schemes.wna16 import params
+
+    p = params(spec)
+    scheme = preset_name_to_scheme(f"W{p.bits}A16", ["Linear"])
+    weights = scheme.weights.model_dump()
+    if p.group_size == -1:
+        weights.update(strategy="channel", group_size=None)
+    else:
+        weights.update(strategy="group", group_size=p.group_size, actorder="group" if p.actorder else None)
+    scheme.weights = QuantizationArgs(**weights)
+    return scheme
+
+
 def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
     """`quantization_config` built by the compressed-tensors package itself from its preset for the scheme."""
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 
-    with_acts, weight_only, fmt = _PRESETS[spec.scheme]
-    scheme = preset_name_to_scheme(with_acts if spec.activations == "quantized" else weight_only, ["Linear"])
+    if spec.factory.module == "wna16":
+        scheme, fmt = _wna16_scheme(spec), "pack-quantized"
+    else:
+        with_acts, weight_only, fmt = _PRESETS[spec.scheme]
+        scheme = preset_name_to_scheme(with_acts if spec.activations == "quantized" else weight_only, ["Linear"])
     qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=[_regex(g) for g in excluded_modules(spec)],
                             format=fmt, quantization_status="compressed")
     out = qc.model_dump(mode="json")
