@@ -1,9 +1,9 @@
-"""The nightly as a repository runs it, for the scripted multi-night simulations (tests/test_nightly_simulation.py,
-a few nights; bench/bench_nightly.py, fifteen): each arch job through the real plugin's JUnit (one pytest run per
-arch runner, `--arch X -m X` over one small two-arch matrix, as nightly-arch.yml runs it) and the real
-`quantmatrix report` (with the previous night's summary.json, as nightly-report.yml runs it). The engine is
-tests/standin_vllm.py's stand-in (vLLM's CPU engine costs ~25 s a start here; one arch job costs ~3.5 s); what
-breaks or diverges is the arch's `fake_kernel`, the wheel the stand-in package installed `broken`.
+"""The nightly as a repository runs it, for the scripted multi-night simulations (tests/test_nightly_simulation.py):
+each arch job through the real plugin's JUnit (one pytest run per arch runner, `--arch X -m X` over one small
+two-arch matrix, as nightly-arch.yml runs it) and the real `quantmatrix report` (with the previous night's
+summary.json, as nightly-report.yml runs it). The engine is tests/standin_vllm.py's stand-in (vLLM's CPU engine
+costs ~25 s a start here; one arch job ~2-3 s); what breaks or diverges is the arch's `fake_kernel`, the wheel
+the stand-in package installed `broken`.
 """
 
 from __future__ import annotations
