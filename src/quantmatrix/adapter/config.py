@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.adapter.declared import FP8_FAMILIES, MODELOPT_ALGOS
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
 
@@ -24,10 +25,10 @@ METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "
 # attributes that name the variant they resolved to.
 _WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
 
-# ModelOpt NVFP4 configs carry the scheme in `quant_method` (a ModelOpt quant_algo string).
-_MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only"}
-# ModelOpt FP8 algos (ModelOptFp8Config.quant_method) and how their activations run.
-_MODELOPT_FP8_ALGOS = {"FP8": "fp8_static", "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
+# ModelOpt configs carry the scheme in `quant_method` (a ModelOpt quant_algo string), one table for the config
+# files and vLLM's resolved configs (adapter.declared): the NVFP4 algos, and the FP8 ones (ModelOptFp8Config).
+_MODELOPT_ALGOS = {algo: word for algo, word in MODELOPT_ALGOS.items() if word not in FP8_FAMILIES}
+_MODELOPT_FP8_ALGOS = {algo: word for algo, word in MODELOPT_ALGOS.items() if word in FP8_FAMILIES}
 
 
 @dataclasses.dataclass(frozen=True)
