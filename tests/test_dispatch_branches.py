@@ -216,8 +216,8 @@ def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
      f"{WON}: weight-only checkpoint, yet the kernel format carries activation scales (a1_gscale, a2_gscale): a W4A4 "
      "kernel would quantize activations with scales the checkpoint never had"),
     (W4A4, _build("VLLM_CUTLASS", False), KernelFormat(None, "Q", GOOD),
-     f"{KON}: the checkpoint's calibrated activation scales were dropped (no a1_gscale/a2_gscale in the kernel "
-     "format): activations run unquantized"),
+     f"{KON}: the checkpoint's calibrated activation scales were dropped (no a1_gscale/a2_gscale/a1_scale/a2_scale "
+     "in the kernel format): activations run unquantized"),
 ])
 def test_every_kernel_problem_word_for_word(matrix, ck, build, kf, message):
     assert _kernel(matrix, ck, build, kf).message == message
@@ -235,17 +235,20 @@ def test_kernel_verdict_skips_and_refusals_word_for_word(matrix):
 
 
 def test_kernel_activation_scales_default_to_any_when_the_matrix_is_silent(matrix):
-    """A checkpoint and scheme that state no activation_scales accept scales kept or dropped."""
+    """A checkpoint and scheme that state no activation_scales leave the question to the backend's read-set: scales
+    kept pass under a backend that reads input_scale, dropped pass under one that does not, and the opposite fail
+    naming the read-set."""
     case = case_for(matrix, W4A4, "kernel_format")
     ck = case.cell.checkpoint
     scheme = dataclasses.replace(ck.scheme, expect={k: v for k, v in ck.scheme.expect.items()
                                                     if k != "activation_scales"})
     silent = dataclasses.replace(case, cell=dataclasses.replace(case.cell, checkpoint=dataclasses.replace(
         ck, scheme=scheme, expect={k: v for k, v in ck.expect.items() if k != "activation_scales"})))
-    for kept in ((), ("a1_gscale",)):
-        v = kernel.kernel_verdict(silent, _build("VLLM_CUTLASS", False), matrix.moe_backends,
+    for backend, kept, ok in (("VLLM_CUTLASS", ("a1_gscale",), True), ("MARLIN", (), True),
+                              ("VLLM_CUTLASS", (), False), ("MARLIN", ("a1_gscale",), False)):
+        v = kernel.kernel_verdict(silent, _build(backend, False), matrix.moe_backends,
                                   KernelFormat(None, "Q", GOOD, kept))
-        assert v.problem is None
+        assert (v.problem is None) == ok and (ok or "read-set (quantmatrix/data/backends.yaml)" in v.problem)
 
 
 def test_every_pinned_backend_is_named(matrix):

@@ -214,6 +214,24 @@ def test_kernel_format_activation_scales_kept_for_weight_only_or_dropped_for_w4a
     assert "calibrated activation scales were dropped" in dropped
 
 
+def test_kernel_format_compares_the_activation_scales_kept_with_the_backends_read_set(matrix):
+    """A W4A4 checkpoint whose matrix accepts any activation scales (sm90) is still held to its backend's read-set:
+    a backend that reads input_scale must be handed one, a backend said never to read it must not be."""
+    fp8 = "qwen3moe-tiny-mo-fp8"  # activation_scales: any
+    dropped = _kernel(matrix, fp8, "FP8_FLASHINFER_CUTLASS", KernelFormat(None, "Q", GOOD, ())).problem
+    assert "read-set (quantmatrix/data/backends.yaml) says FP8_FLASHINFER_CUTLASS reads input_scale" in dropped
+    handed = _kernel(matrix, fp8, "FP8_MARLIN", KernelFormat(None, "Q", {}, ("a1_scale", "a2_scale"))).problem
+    assert "hands the kernel a1_scale, a2_scale, but the read-set" in handed
+    assert "says FP8_MARLIN never reads input_scale" in handed
+    assert _kernel(matrix, fp8, "FP8_MARLIN", KernelFormat(None, "Q", {}, ())).problem is None
+
+
+def test_kernel_format_skips_a_conversion_vllm_refuses_out_loud_naming_it(matrix):
+    kf = KernelFormat(None, refused="conversion for VLLM_CUTLASS refuses this layer out loud (NotImplementedError)")
+    v = _kernel(matrix, W4A4, "VLLM_CUTLASS", kf)
+    assert v.problem is None and v.reason.startswith("conversion for VLLM_CUTLASS refuses this layer out loud")
+
+
 def test_kernel_format_unknown_backend_needs_cuda_and_refusals(matrix):
     assert "is not described under moe_backends" in _kernel(matrix, WO, "NEW", KernelFormat(None, "Q", GOOD)).problem
     skipped = _kernel(matrix, WO, "MARLIN", KernelFormat("needs CUDA: gptq_marlin_repack"))
@@ -226,11 +244,12 @@ def test_kernel_format_unknown_backend_needs_cuda_and_refusals(matrix):
 def test_reading_the_quant_config_never_counts_an_empty_alpha_as_finite():
     """`all()` over no values is True: an empty g1_alphas is absent, a NaN one non-finite, and a quant config
     without the fields at all is an adapter mismatch (a vLLM that renamed them), not a dropped scale."""
-    full = SimpleNamespace(g1_alphas=torch.ones(4), g2_alphas=torch.empty(0), a1_gscale=None, a2_gscale=None)
+    full = SimpleNamespace(g1_alphas=torch.ones(4), g2_alphas=torch.empty(0), a1_gscale=None, a2_gscale=None,
+                           a1_scale=None, a2_scale=None)
     assert read_quant_config(full).alphas == {"g1_alphas": True, "g2_alphas": None}
     full.g1_alphas = torch.tensor([1.0, float("nan")])
     assert read_quant_config(full).alphas["g1_alphas"] is False
-    with pytest.raises(AdapterMismatch, match="has no a1_gscale, a2_gscale"):
+    with pytest.raises(AdapterMismatch, match="has no a1_gscale, a2_gscale, a1_scale, a2_scale"):
         read_quant_config(SimpleNamespace(g1_alphas=None, g2_alphas=None))
 
 

@@ -1,8 +1,10 @@
 """vLLM's post-load conversion into kernel format, and what the fused-MoE quant config then holds: the dequant
-alphas the seed bug poisoned (`g1_alphas = w13_weight_scale_2 * w13_input_scale`) and the activation scales."""
+alphas the seed bug poisoned (`g1_alphas = w13_weight_scale_2 * w13_input_scale`) and the activation scales. On a
+host without CUDA the conversion runs with its CUDA-only kernels stood in for (adapter.standins), and says so."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -11,9 +13,10 @@ from quantmatrix.adapter.layers import MoELayer
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
 
-# Fields of vLLM's FusedMoEQuantConfig (0.32): the dequant alphas, and the activations' global scales.
+# Fields of vLLM's FusedMoEQuantConfig (0.32): the dequant alphas, and the activations' scales (NVFP4's global
+# scales, FP8 / INT8's per-tensor ones).
 ALPHAS = ("g1_alphas", "g2_alphas")
-ACTIVATION_SCALES = ("a1_gscale", "a2_gscale")
+ACTIVATION_SCALES = ("a1_gscale", "a2_gscale", "a1_scale", "a2_scale")
 # What a conversion that needs CUDA raises on a CPU-only host (torch, vLLM's _C ops, the driver).
 # (The CUDA build on a CPU host: its platform has no num_compute_units, flashinfer wants a cuda device, humming
 # enters torch.cuda.device.)
@@ -35,6 +38,8 @@ class KernelFormat:
     quant_config: str | None = None  # the quant config's class, None when there is none
     alphas: dict[str, bool | None] = dataclasses.field(default_factory=dict)
     activation_scales: tuple[str, ...] = ()
+    stand_ins: tuple[str, ...] = ()  # the CUDA-only kernels the conversion called stand-ins for (adapter.standins)
+    refused: str | None = None  # vLLM's conversion refused this layer out loud (NotImplementedError): no silence
 
 
 def convert(layer: MoELayer) -> Any:
@@ -48,18 +53,28 @@ def convert(layer: MoELayer) -> Any:
 
 
 def kernel_format(layer: MoELayer) -> KernelFormat:
-    """Convert a freshly loaded layer and read the quant config; a conversion that needs CUDA says which op."""
+    """Convert a freshly loaded layer and read the quant config; a conversion that needs CUDA beyond the stand-ins
+    says which op."""
+    import torch
+
+    from quantmatrix.adapter import standins
+
+    standing_in = standins.standing_in() if not torch.cuda.is_available() else contextlib.nullcontext([])
     try:
-        quant_config = convert(layer)
+        with standing_in as used:
+            quant_config = convert(layer)
     except (AssertionError, AttributeError, RuntimeError, ValueError) as e:  # NotImplementedError is a RuntimeError
         text = f"{type(e).__name__}: {e}"
         if any(marker in text for marker in CUDA_ONLY):
             return KernelFormat(needs_cuda=f"vLLM's kernel-format conversion for {layer.backend} needs CUDA on "
                                            f"this host ({text.splitlines()[0][:200]})")
+        if type(e) is NotImplementedError:
+            return KernelFormat(None, refused=f"vLLM's kernel-format conversion for {layer.backend} refuses this "
+                                              f"layer out loud ({text.splitlines()[0][:300]})")
         raise
     if quant_config is None:
-        return KernelFormat(None)
-    return read_quant_config(quant_config)
+        return KernelFormat(None, stand_ins=tuple(used))
+    return dataclasses.replace(read_quant_config(quant_config), stand_ins=tuple(used))
 
 
 def read_quant_config(quant_config: Any) -> KernelFormat:

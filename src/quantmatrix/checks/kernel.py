@@ -1,6 +1,8 @@
 """kernel_format: what vLLM's post-load conversion hands the fused-MoE kernel. The dequant alphas must be there
 and finite (the seed bug folded an uninitialised input_scale into `g1_alphas`), and the activation scales must be
-kept exactly when the matrix says the backend reads them."""
+kept exactly when the matrix says the backend reads them, and exactly when the backend's read-set says it reads
+`input_scale`: the read-sets that drive the audit and the guard are observed here, not trusted. On a host without
+CUDA the conversion's CUDA-only kernels run as shape-preserving stand-ins (adapter.standins), named in the case."""
 
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
         return Verdict.fail(case, kernel_problem(build, backends, kf, arch.describe(), "any") or "")
     if kf.needs_cuda:
         return Verdict.skip(kf.needs_cuda)
+    if kf.refused:
+        return Verdict.skip(f"{kf.refused}: an engine fails to load it, nothing is silently wrong to check")
     properties = [(P.QUANT_CONFIG, kf.quant_config or ""), (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))]
+    if kf.stand_ins:
+        properties.append((P.STAND_INS, "; ".join(kf.stand_ins)))
     wanted = ck.expectation("activation_scales", arch, default="any")
     return Verdict.of(case, kernel_problem(build, backends, kf, arch.describe(), wanted), properties)
 
@@ -61,4 +67,12 @@ def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: 
     if activation_scales == "read" and not kept:
         return (f"{on}: the checkpoint's calibrated activation scales were dropped (no "
                 f"{'/'.join(ACTIVATION_SCALES)} in the kernel format): activations run unquantized")
+    if backend.reads_activation_scales and not kept:
+        return (f"{on}: the read-set (quantmatrix/data/backends.yaml) says {backend.name} reads input_scale, yet the "
+                f"conversion kept no activation scale (no {'/'.join(ACTIVATION_SCALES)}): the read-set the audit and "
+                "the guard trust is wrong, or the conversion dropped the checkpoint's calibration")
+    if kept and not backend.reads_activation_scales:
+        return (f"{on}: the conversion hands the kernel {', '.join(kf.activation_scales)}, but the read-set "
+                f"(quantmatrix/data/backends.yaml) says {backend.name} never reads input_scale: the audit and the "
+                "guard would not check a tensor this kernel is given")
     return None

@@ -195,6 +195,7 @@ def _arch(a: Mapping[str, Any]) -> ArchResult:
                             frozenset(audit["loaded"]))
     k = a["kernel"]
     if k is not None:
-        k = KernelFormat(k["needs_cuda"], k["quant_config"], dict(k["alphas"]), tuple(k["activation_scales"]))
+        k = KernelFormat(k["needs_cuda"], k["quant_config"], dict(k["alphas"]), tuple(k["activation_scales"]),
+                         tuple(k["stand_ins"]), k["refused"])
     return ArchResult(a["method"], a["backend"], a["weight_only"], a["error"], tuple(a["simulated_without"]), audit,
                       k, a["scheme"])
