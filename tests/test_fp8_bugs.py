@@ -25,6 +25,7 @@ CASES = {
     "test_layers.py::test_rank_shards[qwen3moe-tiny-mo-fp8@sm121-default]": "input_scale_dropped",
     "test_layers.py::test_layer_dispatch[qwen3moe-tiny-ct-fp8-dynamic@sm121-default]": "dynamic_as_static",
     "test_layers.py::test_rank_shards[qwen3moe-tiny-hf-fp8-block@sm121-default]": "block_scale_transposed",
+    "test_dispatch.py::test_config_dispatch[qwen3moe-tiny-mo-mixed@sm121-default]": "fused_under_unfused_name",
 }
 
 
@@ -85,3 +86,13 @@ def test_block_scales_loaded_transposed_are_red_naming_the_block_scale(runs):
     assert outcome == "failed"
     assert (f"rank 0 {FUSED}.w13_weight_scale_inv (expert 0) [0:2, 0:2] must hold "
             f"{EXPERTS}.0.gate_proj.weight_scale_inv[0:2, 0:2]: wrong (holds other data)") in message, message
+
+
+def test_mixed_precision_looking_a_fused_projection_up_under_its_own_name_is_red_naming_it(runs):
+    outcome, message = runs["bugged"]["test_dispatch.py::test_config_dispatch[qwen3moe-tiny-mo-mixed@sm121-default]"]
+    assert outcome == "failed"
+    assert message.startswith("qwen3moe-tiny-mo-mixed@sm121-default config_dispatch: 1 of 7 MIXED_PRECISION linear "
+                              "module(s) built other than the checkpoint declares: "), message
+    assert ("model.layers.0.self_attn.qkv_proj (loads q_proj, k_proj, v_proj): quantized_layers declares "
+            "static-activation FP8, vLLM built UnquantizedLinearMethod (unquantized): its quantized weights would be "
+            "loaded into a bf16 layer and their scales dropped") in message, message

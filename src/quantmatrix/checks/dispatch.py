@@ -75,9 +75,30 @@ def config_shape(checkpoint_dir: Path) -> str:
 def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
-    return Verdict.of(case, _config_problem(case.cell.checkpoint, got, shape), [
+    problem = _config_problem(case.cell.checkpoint, got, shape) or projections_problem(got)
+    mixed = [(P.MIXED_PROJECTIONS, "; ".join(p.describe() for p in got.projections))] if got.projections else []
+    return Verdict.of(case, problem, [
         (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.method), (P.QUANT_CONFIG_CLASS, got.config_class),
-        (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme)])
+        (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme), *mixed])
+
+
+def projections_problem(got: Resolution) -> str | None:
+    """MIXED_PRECISION: every linear module vLLM built runs what the checkpoint's quantized_layers declares for the
+    modules it loads (a quantized one built bf16 loads the quantized bytes as weights and drops their scales)."""
+    wrong = [p for p in got.projections if p.declared != p.built]
+    if not wrong:
+        return None
+    parts = []
+    for p in wrong:
+        loads = ", ".join(m.rpartition(".")[2] for m in p.modules)
+        why = (": its quantized weights would be loaded into a bf16 layer and their scales dropped"
+               if p.built == "unquantized" else
+               ": a bf16 weight would be read as quantized" if p.declared == "unquantized" else "")
+        declared, built = _SCHEME_WORDS.get(p.declared, p.declared), _SCHEME_WORDS.get(p.built, p.built)
+        parts.append(f"{p.prefix} (loads {loads}): quantized_layers declares {declared}, vLLM built {p.method} "
+                     f"({built}){why}")
+    return (f"{len(wrong)} of {len(got.projections)} MIXED_PRECISION linear module(s) built other than the "
+            f"checkpoint declares: " + "; ".join(parts))
 
 
 def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:
