@@ -33,6 +33,7 @@ MODULES = {
 }
 BUGS = ("input_scale_dropped", "dynamic_as_static", "block_scale_transposed", "fused_under_unfused_name")
 ENV = "QM_TEST_FP8_BUGS"  # {checkpoint directory: bug}, JSON
+RAN = "QM_TEST_FP8_BUGS_RAN"  # a file each bug appends its name to whenever its changed code runs
 
 _SITECUSTOMIZE = '''
 import importlib.abc
@@ -79,7 +80,18 @@ def install(tmp: Path, bugs: dict[Path, str]) -> dict[str, str]:
     (where / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(modules=MODULES), encoding="utf-8")
     path = [str(where), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
     return {"PYTHONPATH": os.pathsep.join(p for p in path if p),
-            ENV: json.dumps({str(Path(c).resolve()): bug for c, bug in bugs.items()})}
+            ENV: json.dumps({str(Path(c).resolve()): bug for c, bug in bugs.items()}), RAN: str(tmp / "ran.txt")}
+
+
+def ran(env: dict[str, str]) -> set[str]:
+    """The bugs whose changed code ran under `env` (install's), in any process."""
+    log = Path(env[RAN])
+    return set(log.read_text(encoding="utf-8").split()) if log.is_file() else set()
+
+
+def _acted(bug: str) -> None:
+    with open(os.environ[RAN], "a", encoding="utf-8") as log:
+        log.write(bug + "\n")
 
 
 def _bugs() -> dict[str, str]:
@@ -105,9 +117,11 @@ def _routed_experts(module: Any) -> None:
     def weight_loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success=False):
         bug = _now()
         if bug == "input_scale_dropped" and "input_scale" in weight_name:
+            _acted(bug)
             return True if return_success else None  # the bug: reported loaded, never written
         if bug == "block_scale_transposed" and weight_name.endswith(("weight_scale_inv", "weight_scale")) \
                 and loaded_weight.dim() == 2 and getattr(self.quant_method, "block_quant", False):
+            _acted(bug)
             loaded_weight = loaded_weight.t()  # the bug
         return loader(self, param, loaded_weight, weight_name, shard_id, expert_id, return_success)
 
@@ -121,6 +135,7 @@ def _ct_fp8(module: Any) -> None:
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
         if _now() == "dynamic_as_static" and not self.block_quant:
+            _acted("dynamic_as_static")
             self.static_input_scales = True  # the bug: the dynamic checkpoint gets the static path
 
     cls.__init__ = __init__
@@ -134,6 +149,7 @@ def _modelopt(module: Any) -> None:
         if "fused_under_unfused_name" in _bugs().values() and prefix.rsplit(".", 1)[-1] in ("qkv_proj",
                                                                                              "gate_up_proj"):
             # the bug: only the fused name itself is looked up
+            _acted("fused_under_unfused_name")
             for candidate in self._quantized_layer_prefix_candidates(prefix):
                 if candidate in self.quantized_layers:
                     return self.quantized_layers[candidate]["quant_algo"].upper()

@@ -1,6 +1,7 @@
 """Issue 25's hand-made vLLM changes (tests/fp8_bugs.py), each installed in a child pytest for its own checkpoint,
 turn the cpu tier red with a message naming the tensor or the routing; the same cases run against the unchanged
-vLLM are green (so each assertion below can fail)."""
+vLLM are green (so each assertion below can fail). A bug counts only as a case that failed on its assertion (not
+an error), with the bug's changed code shown to have run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import fp8_bugs
 import pytest
@@ -46,22 +48,29 @@ def _run(tmp: Path, env: dict[str, str]) -> dict[str, tuple[str, str]]:
     for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
         bad = [r for r in case.result if isinstance(r, (Failure, Error))]
         name = f"{case.classname.rsplit('.', 1)[-1]}.py::{case.name}"
-        out[name] = ("failed" if bad else "passed", (bad[0].message or "").removeprefix("Failed: ") if bad else "")
+        outcome = "passed" if not bad else "failed" if isinstance(bad[0], Failure) else "error"
+        out[name] = (outcome, (bad[0].message or "").removeprefix("Failed: ") if bad else "")
     assert set(out) == set(CASES), done.stdout[-3000:]
     return out
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[str, str]]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same cases against the unchanged vLLM ("plain") and with each checkpoint's bug ("bugged")."""
     bugs = {_checkpoint_dir(node): bug for node, bug in CASES.items()}
     plain_tmp, bugged_tmp = tmp_path_factory.mktemp("plain"), tmp_path_factory.mktemp("bugged")
-    return {"plain": _run(plain_tmp, dict(os.environ)),
-            "bugged": _run(bugged_tmp, {**os.environ, **fp8_bugs.install(bugged_tmp, bugs)})}
+    env = fp8_bugs.install(bugged_tmp, bugs)
+    plain = {k: v for k, v in os.environ.items() if k not in (fp8_bugs.ENV, fp8_bugs.RAN)}
+    return {"plain": _run(plain_tmp, plain), "bugged": _run(bugged_tmp, {**os.environ, **env}),
+            "ran": fp8_bugs.ran(env)}
 
 
 def test_the_unchanged_vllm_passes_every_case(runs):
     assert runs["plain"] == {node: ("passed", "") for node in CASES}
+
+
+def test_every_bug_s_changed_code_ran_in_the_bugged_run(runs):
+    assert runs["ran"] == set(CASES.values()) == set(fp8_bugs.BUGS)
 
 
 def test_a_static_fp8_moe_that_drops_its_input_scale_is_red_naming_the_scale(runs):
