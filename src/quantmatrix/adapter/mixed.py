@@ -23,6 +23,9 @@ _LINEARS = (("self_attn.qkv_proj", "QKVParallelLinear", ("q_proj", "k_proj", "v_
             ("self_attn.o_proj", "RowParallelLinear", ("o_proj",)),
             ("{moe}.gate", "ReplicatedLinear", ("gate",)))
 _MOE = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}
+# what the per-projection reading imports, for the vLLM health check (adapter.config.MODULES)
+MODULES = ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding",
+           "vllm.model_executor.model_loader.utils")
 _CLASSES = {"QKVParallelLinear": "vllm.model_executor.layers.linear",
             "RowParallelLinear": "vllm.model_executor.layers.linear",
             "ReplicatedLinear": "vllm.model_executor.layers.linear",
