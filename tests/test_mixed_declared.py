@@ -119,3 +119,19 @@ def test_a_projection_built_other_than_declared_fails_config_dispatch_naming_it(
         "built UnquantizedLinearMethod (unquantized): its quantized weights would be loaded into a bf16 layer and "
         "their scales dropped; lm_head (loads lm_head): quantized_layers declares unquantized, vLLM built "
         "ModelOptLinearMethod (W4A4 NVFP4): a bf16 weight would be read as quantized")
+
+
+def test_the_modules_built_unquantized_must_be_exactly_the_matrix_s():
+    """The matrix's `unquantized` names what must stay bf16; config_dispatch fails on a module built quantized that
+    it names, or built bf16 that it does not (the unmapped export's o_proj, where the matrix did not pin it)."""
+    gate = Projection("model.layers.0.mlp.gate", ("model.layers.0.mlp.gate",), "unquantized", "unquantized",
+                      "UnquantizedLinearMethod")
+    o_proj = Projection(f"{ATTN1}.o_proj", (f"{ATTN1}.o_proj",), "unquantized", "unquantized",
+                        "UnquantizedLinearMethod")
+    qkv = Projection(f"{ATTN0}.qkv_proj", (f"{ATTN0}.q_proj",), "fp8_static", "fp8_static", "ModelOptLinearMethod")
+    got = _resolution(gate, o_proj, qkv)
+    assert dispatch.projections_problem(got, [gate.prefix, o_proj.prefix]) is None
+    assert dispatch.projections_problem(got) is None
+    assert dispatch.projections_problem(got, [gate.prefix, qkv.prefix]) == (
+        f"MIXED_PRECISION linear modules built quantized, but the matrix says it must stay unquantized: "
+        f"{ATTN0}.qkv_proj; built unquantized, which the matrix does not expect: {ATTN1}.o_proj")
