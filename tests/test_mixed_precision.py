@@ -58,3 +58,25 @@ def test_without_vllm_this_file_errors_under_ci_and_skips_only_locally(pytester,
     monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.quantization", None)
     run_copy(pytester, monkeypatch, open(__file__).read(), ci, "errors_under_ci",
              "vLLM's quantization configs are not importable", "vLLM's quantization configs are not importable here")
+
+
+@pytest.mark.parametrize(("checkpoint", "o_proj_1"), [("qwen3moe-tiny-mo-mixed", "fp8_static"),
+                                                      ("qwen3moe-tiny-mo-mixed-unmapped-proj", "unquantized")])
+def test_vllm_builds_every_projection_as_the_map_declares_it(checkpoint, o_proj_1):
+    """vLLM 0.32's per-projection methods for the factory's MIXED_PRECISION exports: FP8 q/k/v (fused qkv_proj)
+    and o_proj in layer 0, layer 1's q/k/v, the routers and lm_head bf16; layer 1's o_proj FP8 where the map lists
+    it, silently bf16 where it does not (the lint names its dropped tensors)."""
+    from pathlib import Path
+
+    from quantmatrix.checkpoints import store
+    from quantmatrix.schema.load import load
+
+    matrix = load(Path(__file__).resolve().parent.parent / "matrices" / "default.yaml")
+    got = config.resolve(store.materialize(next(c for c in matrix.checkpoints if c.id == checkpoint)))
+    assert got.scheme == "w4a4" and got.method == "modelopt_mixed"
+    assert {p.prefix: p.built for p in got.projections} == {
+        "model.layers.0.self_attn.qkv_proj": "fp8_static", "model.layers.0.self_attn.o_proj": "fp8_static",
+        "model.layers.0.mlp.gate": "unquantized", "model.layers.1.self_attn.qkv_proj": "unquantized",
+        "model.layers.1.self_attn.o_proj": o_proj_1, "model.layers.1.mlp.gate": "unquantized",
+        "lm_head": "unquantized"}
+    assert all(p.declared == p.built for p in got.projections)

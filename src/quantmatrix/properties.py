@@ -55,6 +55,8 @@ SIMULATED_WITHOUT = "simulated_without"
 # ------------------------------------------------------------------------------ what the checks measured
 CONFIG_SHAPE, QUANT_METHOD, QUANT_CONFIG_CLASS = "config_shape", "quant_method", "quant_config_class"
 RESOLVED_ALGO, RESOLVED_SCHEME = "resolved_algo", "resolved_scheme"
+# ModelOpt MIXED_PRECISION: what vLLM built for each linear module outside the experts (`prefix=word (method); ...`)
+MIXED_PROJECTIONS = "mixed_projections"
 MOE_METHOD, MOE_BACKEND, MOE_WEIGHT_ONLY = "moe_method", "moe_backend", "moe_weight_only"
 LAYER_BUILD_ERROR = "layer_build_error"
 LINT_DECLARED, LINT_FINDINGS = "lint_declared", "lint_findings"

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from quantmatrix.adapter import mixed
 from quantmatrix.adapter.declared import FP8_FAMILIES, MODELOPT_ALGOS
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
@@ -18,7 +19,7 @@ QUANT_MODULES = (
     "vllm.model_executor.layers.quantization.fp8",
 )
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
-           *QUANT_MODULES)
+           *QUANT_MODULES, *mixed.MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
 METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8")
 # vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the
@@ -40,6 +41,8 @@ class Resolution:
     algo: str  # vLLM's own name for the scheme (e.g. W4A16_NVFP4), for the reader
     scheme: str  # behaviour: a schema.vocab.RESOLUTIONS word (weight_only | w4a4 | fp8_static | ... | rejected)
     detail: str = ""
+    # MIXED_PRECISION: every linear module outside the experts, as its map declares it and as vLLM builds it
+    projections: tuple[mixed.Projection, ...] = ()
 
 
 def entry_points() -> tuple[Any, Any, Any]:
@@ -73,7 +76,8 @@ def resolve(checkpoint_dir: Path) -> Resolution:
         # (KeyError, TypeError, AssertionError, ...) is a crash and stays an error, never a "rejection".
         return Resolution("?", "", "", "rejected", reason(e))
     algo, scheme = classify(config)
-    return Resolution(config.get_name(), type(config).__name__, algo, scheme)
+    projections = mixed.projections(config, mc) if type(config).__name__ == "ModelOptMixedPrecisionConfig" else ()
+    return Resolution(config.get_name(), type(config).__name__, algo, scheme, projections=projections)
 
 
 def reason(error: Exception) -> str:

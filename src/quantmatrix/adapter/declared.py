@@ -28,6 +28,9 @@ from quantmatrix.errors import AdapterMismatch
 # ModelOpt's quant_algo values, as vLLM upper-cases them, and what each declares before any promotion.
 MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only", "FP8": "fp8_static",
                   "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
+# ModelOpt's per-module algo: `quantized_layers` maps module names to one of MODELOPT_ALGOS each (the family of
+# such a declaration is MIXED, whose modules each hold their own algo's tensors).
+MIXED_ALGO, MIXED = "MIXED_PRECISION", "mixed"
 CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
 CT_FP8_FORMAT = "float-quantized"
 CT_WNA16_FORMAT = "pack-quantized"
@@ -126,6 +129,7 @@ class Declaration:
     family: str = "nvfp4"  # the scheme module whose tensors the checkpoint holds (checkpoints.schemes): nvfp4,
     # fp8 / fp8_block (FP8_FAMILIES), wna16
     weights: IntWeights | None = None  # integer weight-only: the declared bits, groups, order, zero points
+    layers: tuple[tuple[str, str], ...] = ()  # MIXED_PRECISION: (module, upper-cased quant_algo) of quantized_layers
 
     def groups_text(self) -> str:
         """`g input_activations null, h input_activations quantized`, or what stands in for the groups."""
@@ -162,6 +166,26 @@ def modelopt_algo(qc: Mapping[str, Any]) -> str | None:
     return str(algo).upper() if algo else None
 
 
+def mixed_layers(qc: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """ModelOptMixedPrecisionConfig._from_config's `quantized_layers` (the legacy file's under `quantization`):
+    (module, quant_algo upper-cased) per entry; an entry that is not a mapping has algo ""."""
+    inner = qc.get("quantization")
+    layers = (inner if isinstance(inner, Mapping) else qc).get("quantized_layers")
+    if not isinstance(layers, Mapping):
+        return ()
+    return tuple((str(m), str(r.get("quant_algo", "")).upper() if isinstance(r, Mapping) else "")
+                 for m, r in layers.items())
+
+
+def mixed_scheme(layers: tuple[tuple[str, str], ...]) -> str | None:
+    """What a MIXED_PRECISION MoE runs: its experts' algo (one for all), unquantized when no expert is listed, None
+    when the experts' algos differ or are unknown."""
+    algos = {a for m, a in layers if ".experts." in f"{m}."}
+    if not algos:
+        return "unquantized"
+    return MODELOPT_ALGOS.get(next(iter(algos))) if len(algos) == 1 else None
+
+
 def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
     """vLLM's reading of one quantization config: config.json's quantization_config, or (`legacy`) the whole
     hf_quant_config.json, ModelOpt's own file (vLLM looks for config_groups at its top level too)."""
@@ -170,6 +194,9 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
     groups, shape = _groups(qc)
     acts = tuple((str(name), group_activations(g)) for name, g in groups.items())
     producer = "modelopt" if legacy else producer_of(qc)
+    if producer == "modelopt" and modelopt_algo(qc) == MIXED_ALGO:
+        layers = mixed_layers(qc)
+        return Declaration(producer, mixed_scheme(layers), MIXED_ALGO, None, acts, shape, family=MIXED, layers=layers)
     if producer == "modelopt":
         algo = modelopt_algo(qc)
         says_none = [_modelopt_says_none(g) for g in groups.values()]

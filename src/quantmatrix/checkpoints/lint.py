@@ -17,8 +17,9 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+from quantmatrix.adapter.declared import MIXED
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, lint_wna16, producers
+from quantmatrix.checkpoints import experts, lint_mixed, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
 from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
@@ -28,7 +29,8 @@ __all__ = ["EXPERT_FINDINGS", "MAX_EXPERTS", "SCHEME", "Declared", "Finding", "L
 SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes those): each producer's names for it
 # Per scheme module (a Declared's family: producers.leaves names its tensors), the format's word, and the dtype a
 # quantized weight named `weight` is stored in (WNA16 producers name theirs apart: qweight, weight_packed).
-FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only"}
+FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only",
+                MIXED: "quantized (MIXED_PRECISION)"}
 _WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
@@ -322,6 +324,11 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     if len(modules) * len(d.ignore) > MAX_MATCHES:
         raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
                         f"{MAX_MATCHES} matches this lint makes")
+    if d.family == MIXED:
+        mixed, count = lint_mixed.check(modules, d, _CHECKS, block_scales)
+        findings += [*mixed, *(Finding(*f) for f in experts.check(modules, config, path / "config.json")),
+                     *_check_fused(modules, d)]
+        return LintReport(path, d, len(tensors), nfiles, count, findings)
     count = 0
     module_of = d.family
     words = FORMAT_WORDS[module_of]

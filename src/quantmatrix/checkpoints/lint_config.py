@@ -16,6 +16,8 @@ from quantmatrix.adapter.declared import (
     CT_FP8_FORMAT,
     CT_NVFP4_FORMAT,
     CT_WNA16_FORMAT,
+    MIXED,
+    MIXED_ALGO,
     MODELOPT_ALGOS,
     Declaration,
     IntWeights,
@@ -60,6 +62,8 @@ class Declared:
     ignore: tuple[str, ...]
     weights: IntWeights | None = None  # integer weight-only (checkpoints.lint_wna16): bits, groups, order, zeros
     family: str = "nvfp4"  # the scheme module whose tensors it holds (adapter.declared): nvfp4 | fp8 | ... | wna16
+    # | mixed (each module its own algo's)
+    layers: tuple[tuple[str, str], ...] = ()  # MIXED_PRECISION: (module, quant_algo) of quantized_layers
 
 
 # -------------------------------------------------------------------------------------- declaration
@@ -78,6 +82,8 @@ def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
     if not isinstance(inner, dict):
         raise LintError(f"{legacy}: quantization is {type(inner).__name__}, not an object")
     d = declare(qc, legacy=True)
+    if d.family == MIXED:
+        return _mixed(d, inner.get("exclude_modules"), legacy, "hf_quant_config.json"), []
     if d.groups_shape.startswith("a "):
         raise LintError(f"{legacy}: config_groups is {d.groups_shape}, not a mapping of group name -> group")
     if d.scheme is None:
@@ -85,6 +91,19 @@ def _legacy(path: Path) -> tuple[Declared, list[Finding]]:
     shape = "no config_groups" if d.groups_shape == "missing" else d.groups_text()
     return Declared("modelopt", d.scheme, f"hf_quant_config.json quant_algo {d.algo}, {shape}",
                     _ignore(inner.get("exclude_modules"), legacy), family=d.family), _disagreement(d)
+
+
+def _mixed(d: Declaration, ignore: Any, where: Path, file: str) -> Declared:
+    """MIXED_PRECISION: the experts' scheme, and the per-module map every module is linted against."""
+    if not d.layers:
+        raise LintError(f"{where}: quant_algo {MIXED_ALGO} without a quantized_layers mapping (vLLM refuses it)")
+    unknown = sorted({a for _, a in d.layers if a not in MODELOPT_ALGOS})
+    if unknown or d.scheme is None:
+        raise LintError(f"{where}: quantized_layers uses {unknown or 'several expert algos'}; this lint knows one "
+                        f"expert algo of {', '.join(MODELOPT_ALGOS)}")
+    algos = sorted({a for _, a in d.layers})
+    return Declared("modelopt", d.scheme, f"{file} quant_algo {MIXED_ALGO}, quantized_layers {len(d.layers)} "
+                    f"module(s) of {', '.join(algos)}", _ignore(ignore, where), family=MIXED, layers=d.layers)
 
 
 def _disagreement(d: Declaration) -> list[Finding]:
@@ -115,6 +134,8 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
     if d.groups_shape.startswith("a "):
         raise LintError(f"{where}: quantization_config.config_groups is {d.groups_shape}, not a mapping of group "
                         "name -> group")
+    if d.family == MIXED:
+        return _mixed(d, qc.get("ignore") or qc.get("exclude_modules"), where, "config.json"), []
     if d.producer == "modelopt":
         if d.scheme is None:
             raise LintError(f"{where}: quant_algo {d.algo!r} is not one this lint knows ({', '.join(MODELOPT_ALGOS)})")

@@ -8,7 +8,7 @@ where the fused-MoE path folds an input_scale nobody loaded into g1_alphas.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from quantmatrix import bounded
@@ -75,9 +75,44 @@ def config_shape(checkpoint_dir: Path) -> str:
 def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
-    return Verdict.of(case, _config_problem(case.cell.checkpoint, got, shape), [
+    ck = case.cell.checkpoint
+    problem = _config_problem(ck, got, shape) or projections_problem(got, ck.expectation("unquantized", default=None))
+    mixed = [(P.MIXED_PROJECTIONS, "; ".join(p.describe() for p in got.projections))] if got.projections else []
+    return Verdict.of(case, problem, [
         (P.CONFIG_SHAPE, shape), (P.QUANT_METHOD, got.method), (P.QUANT_CONFIG_CLASS, got.config_class),
-        (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme)])
+        (P.RESOLVED_ALGO, got.algo), (P.RESOLVED_SCHEME, got.scheme), *mixed])
+
+
+def projections_problem(got: Resolution, unquantized: Sequence[str] | None = None) -> str | None:
+    """MIXED_PRECISION: every linear module vLLM built runs what the checkpoint's quantized_layers declares for the
+    modules it loads (a quantized one built bf16 loads the quantized bytes as weights and drops their scales), and
+    the ones built unquantized are exactly the matrix's `unquantized`, where it names them."""
+    wrong = [p for p in got.projections if p.declared != p.built]
+    if not wrong:
+        return _unquantized_problem(got, unquantized)
+    parts = []
+    for p in wrong:
+        loads = ", ".join(m.rpartition(".")[2] for m in p.modules)
+        why = (": its quantized weights would be loaded into a bf16 layer and their scales dropped"
+               if p.built == "unquantized" else
+               ": a bf16 weight would be read as quantized" if p.declared == "unquantized" else "")
+        declared, built = _SCHEME_WORDS.get(p.declared, p.declared), _SCHEME_WORDS.get(p.built, p.built)
+        parts.append(f"{p.prefix} (loads {loads}): quantized_layers declares {declared}, vLLM built {p.method} "
+                     f"({built}){why}")
+    return (f"{len(wrong)} of {len(got.projections)} MIXED_PRECISION linear module(s) built other than the "
+            f"checkpoint declares: " + "; ".join(parts))
+
+
+def _unquantized_problem(got: Resolution, unquantized: Sequence[str] | None) -> str | None:
+    if unquantized is None or not got.projections:
+        return None
+    built = {p.prefix for p in got.projections if p.built == "unquantized"}
+    quantized, bf16 = sorted(set(unquantized) - built), sorted(built - set(unquantized))
+    if not quantized and not bf16:
+        return None
+    parts = ([f"built quantized, but the matrix says it must stay unquantized: {', '.join(quantized)}"] if quantized
+             else []) + ([f"built unquantized, which the matrix does not expect: {', '.join(bf16)}"] if bf16 else [])
+    return "MIXED_PRECISION linear modules " + "; ".join(parts)
 
 
 def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str | None:

@@ -39,6 +39,12 @@ class FactoryProducer:
     packages: tuple[str, ...] = ()
 
 
+# NVFP4 (W4A4) experts in every layer, FP8 attention in layer 0, only layer 1's o_proj FP8 (its q/k/v, the router
+# and lm_head stay bf16): the shape of nvidia's NVFP4 MoE exports, with attention differing per layer
+_MIXED: tuple[tuple[str, object], ...] = (
+    ("plan", (("model.layers.*.mlp.experts.*", "NVFP4"), ("model.layers.0.self_attn.*", "FP8"),
+              ("model.layers.1.self_attn.o_proj", "FP8"))),
+)
 SCHEMES = {
     "bf16": FactoryScheme("bf16", quantized=False),
     "nvfp4_weight_only": FactoryScheme("nvfp4"),
@@ -54,9 +60,17 @@ SCHEMES = {
     "wna16_int8_channel": FactoryScheme("wna16", params=(("bits", 8), ("group_size", -1))),
     # a group size neither tiny size's inputs divide (48): a malformed export
     "wna16_int4_g48": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 48))),
+    # ModelOpt MIXED_PRECISION (schemes.mixed): each projection's algo by the first `plan` glob it matches (HF
+    # module names), the rest bf16; `unmapped`: quantized projections the per-layer map leaves out; `unlisted`:
+    # bf16 projections the ignore list leaves out
+    "mixed_nvfp4_fp8": FactoryScheme("mixed", activations="quantized", input_scales=True, params=_MIXED),
+    "mixed_nvfp4_fp8_unmapped": FactoryScheme("mixed", activations="quantized", input_scales=True,
+                                              params=(*_MIXED, ("unmapped", ("model.layers.1.self_attn.o_proj",)))),
+    "mixed_nvfp4_fp8_unlisted": FactoryScheme("mixed", activations="quantized", input_scales=True,
+                                              params=(*_MIXED, ("unlisted", ("model.layers.1.self_attn.*",)))),
 }
 PRODUCERS = {
-    "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8"), forms=("config_json", "legacy"),
+    "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8", "mixed"), forms=("config_json", "legacy"),
                                 keys=("quant_algo",)),
     "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "fp8", "fp8_block", "wna16"),
                                           packages=("compressed-tensors",)),

@@ -173,6 +173,9 @@ EXPECT_FIELDS: dict[str, Field] = {
     "lint": Field(list_of(finding_item(LINT_CODES)), "the checkpoint lint's findings ([] = clean): a code anywhere, or "
                   "{code, tensor} where the matrix names the tensor (each planted fault found where it is)",
                   required=False),
+    "unquantized": Field(list_of(as_text), "MIXED_PRECISION: vLLM's linear modules outside the experts it must build "
+                         "unquantized, every one (qkv_proj, o_proj, the router `gate`, lm_head); config_dispatch "
+                         "fails on any other set", required=False),
     "dequant_strays": Field(as_bool, "true for an export whose files must decode to a model beyond "
                             "dequant_logits' bound (a layout fault no header shows)", required=False),
     **e2e.EXPECT_FIELDS,

@@ -5,6 +5,9 @@ NVFP4 (unified HF export): <m>.weight U8 [o, i/2], <m>.weight_scale F8_E4M3 [o, 
 <m>.weight_scale_2 F32 [] = amax/(6*448), <m>.input_scale F32 [] (W4A4). Calibration takes each expert's routed
 tokens, then syncs every input amax to the max over the layer's experts.
 FP8 (quant_algo FP8): <m>.weight F8_E4M3 [o, i], <m>.weight_scale F32 [] = amax/448, <m>.input_scale F32 [].
+MIXED_PRECISION: each projection in one of the above, declared per module in `quantized_layers` ({module:
+{"quant_algo": ..., "group_size": 16 for NVFP4}}, HF names); the bf16 ones listed in `ignore` (`exclude_modules`
+in hf_quant_config.json).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ LEAVES = {"nvfp4": {"weight": "weight", "block_scale": "weight_scale", "global_s
 # Per scheme module: quant_algo, and the weights' (and quantized activations') config-group arguments.
 # (ModelOpt's FP8 is per-tensor weights with static per-tensor activations: quant_algo FP8.)
 _ALGO = {"nvfp4_weight_only": "NVFP4", "nvfp4_w4a4": "NVFP4", "fp8_static": "FP8"}
+MIXED, MIXED_ALGO = "mixed", "MIXED_PRECISION"  # the scheme module of per-module formats, and its quant_algo
 _ARGS = {"nvfp4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
          "fp8": {"dynamic": False, "num_bits": 8, "type": "float"}}
 
@@ -88,7 +92,10 @@ class _FP8:
     input_amax = staticmethod(_NVFP4.input_amax)
 
 
-RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8()}
+RECIPES: dict[str, Any] = {"nvfp4": _NVFP4(), "fp8": _FP8()}
+# MIXED_PRECISION (schemes.mixed): each module named and computed as its own algo's scheme module does
+LEAVES[MIXED] = {**LEAVES["fp8"], **LEAVES["nvfp4"]}
+RECIPES[MIXED] = dict(RECIPES)
 
 
 def _algo(spec: SyntheticSpec) -> str:
@@ -112,9 +119,28 @@ def _group(spec: SyntheticSpec, args: dict[str, Any]) -> dict[str, Any]:
     return group
 
 
+def _mixed(spec: SyntheticSpec) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """MIXED_PRECISION's per-module map and ignore list, from the scheme's plan (schemes.mixed): every quantized
+    projection but the `unmapped` ones in the map, lm_head and every bf16 projection but the `unlisted` ones
+    ignored."""
+    from quantmatrix.checkpoints.configs import model_config
+    from quantmatrix.checkpoints.schemes import mixed
+
+    plan = mixed.plan_of(spec)
+    algos = mixed.layout(spec, model_config(spec.model, spec.size))
+    layers = {m: {"quant_algo": a, **({"group_size": _ARGS["nvfp4"]["group_size"]} if a == "NVFP4" else {})}
+              for m, a in algos.items() if a is not None and not plan.matches(m, plan.unmapped)}
+    ignore = ["lm_head", *(m for m, a in algos.items() if a is None and not plan.matches(m, plan.unlisted))]
+    return layers, list(dict.fromkeys(ignore))
+
+
 def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
     """config.json `quantization_config` as ModelOpt's unified HF exporter writes it."""
     module = spec.factory.module
+    if module == MIXED:
+        layers, ignore = _mixed(spec)
+        return {"quant_method": "modelopt", "quant_algo": MIXED_ALGO, "kv_cache_quant_algo": None,
+                "producer": {"name": "modelopt", "version": VERSION}, "quantized_layers": layers, "ignore": ignore}
     qc: dict[str, Any] = {
         "quant_method": "modelopt",
         "quant_algo": _algo(spec),
@@ -130,6 +156,12 @@ def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
 def hf_quant_config(spec: SyntheticSpec) -> dict[str, Any]:
     """Legacy hf_quant_config.json: no config_groups, so it cannot say "weight-only" except by quant_algo."""
     module = spec.factory.module
+    if module == MIXED:
+        layers, ignore = _mixed(spec)
+        return {"producer": {"name": "modelopt", "version": VERSION},
+                "quantization": {"quant_algo": MIXED_ALGO, "kv_cache_quant_algo": None,
+                                 "group_size": _ARGS["nvfp4"]["group_size"], "exclude_modules": ignore,
+                                 "quantized_layers": layers}}
     return {
         "producer": {"name": "modelopt", "version": VERSION},
         "quantization": {

@@ -77,12 +77,14 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
     return (q.float() * expand(scale.float(), q.shape)).to(dtype)
 
 
-def encode_as(module: str, spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
+def encode_as(module: str, spec: SyntheticSpec, family: Base, producer: Producer,
+              modules: list[str] | None = None) -> Encoded:
     """The family's bf16 model in FP8 as `producer` names it under scheme module `module` (fp8 or fp8_block):
-    weight scales of the spec's granularity, input scales where the spec wants them."""
+    weight scales of the spec's granularity, input scales where the spec wants them. `modules`: the ones to
+    quantize (default: the spec's targets)."""
     names, recipe = producer.LEAVES[module], producer.RECIPES[module]
     granularity = spec.factory.granularity
-    modules = targets(spec, family.config)
+    modules = targets(spec, family.config) if modules is None else modules
     acts = recipe.input_amax(family.input_amax, modules)
     group_act: dict[str, float] = {}
     for m in modules:

@@ -146,12 +146,12 @@ def dequantize(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
 # ---------------------------------------------------------------------------------------------- the export
 
 
-def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
+def encode(spec: SyntheticSpec, family: Base, producer: Producer, modules: list[str] | None = None) -> Encoded:
     """The family's bf16 model quantized as `producer` does: its recipe's arithmetic and calibration, its names
     (LEAVES["nvfp4"]: role -> leaf); input scales where the spec wants them; dequantized/ decoded the way vLLM
-    decodes the stored tensors."""
+    decodes the stored tensors. `modules`: the ones to quantize (default: the spec's targets)."""
     names, recipe = producer.LEAVES[NAME], producer.RECIPES[NAME]
-    modules = targets(spec, family.config)
+    modules = targets(spec, family.config) if modules is None else modules
     group_amax: dict[str, torch.Tensor] = {}
     for m in modules:
         amax = family.tensors[f"{m}.weight"].abs().max()
