@@ -127,3 +127,22 @@ def test_int8_module_check_names_what_vllm_has_no_parameter_for(tmp_path):
     wrong = {"weight": t("m.weight", "I32", (8, 16))}
     assert [(f[0], f[2]) for f in lint_int8.check_module("m", wrong, "compressed-tensors", False)] == [
         ("missing_tensor", "weight_scale"), ("bad_dtype", "weight")]
+
+
+def test_the_int8_reader_names_its_read_set_and_fails_loudly_without_the_enum():
+    """CompressedTensorsW8A8Int8MoEMethod reads as w8a8_int8 with the INT8_<backend> read-set, which backends.yaml
+    holds for every backend of the oracle; a method that lost `int8_backend` is an AdapterMismatch, not a guess."""
+    from vllm.model_executor.layers.fused_moe.oracle.int8 import Int8MoeBackend
+
+    from quantmatrix.adapter import families
+    from quantmatrix.errors import AdapterMismatch
+    from quantmatrix.schema.backends import merged
+
+    method = type("CompressedTensorsW8A8Int8MoEMethod", (), {"int8_backend": Int8MoeBackend.TRITON})()
+    reading = families.read(method, lambda m: False)
+    assert (reading.scheme, reading.backend, reading.weight_only) == ("w8a8_int8", "INT8_TRITON", False)
+    backends = merged({})
+    assert families.read_sets("w8a8_int8", backends) == [f"INT8_{b.value}" for b in Int8MoeBackend]
+    assert all(backends[f"INT8_{b.value}"].reads == {"weight", "block_scale"} for b in Int8MoeBackend)
+    with pytest.raises(AdapterMismatch, match="int8_backend"):
+        families.read(type("CompressedTensorsW8A8Int8MoEMethod", (), {})(), lambda m: False)
