@@ -146,3 +146,26 @@ def test_the_int8_reader_names_its_read_set_and_fails_loudly_without_the_enum():
     assert all(backends[f"INT8_{b.value}"].reads == {"weight", "block_scale"} for b in Int8MoeBackend)
     with pytest.raises(AdapterMismatch, match="int8_backend"):
         families.read(type("CompressedTensorsW8A8Int8MoEMethod", (), {})(), lambda m: False)
+
+
+@pytest.mark.parametrize("scheme", ["w8a8_int8", "w4a8_fp8_g128"])
+def test_the_check_decodes_what_the_factory_encoded(scheme, tmp_path):
+    """dequant_logits' decode of the stored tensors (W4A8 through vLLM's unpacking and the producer's SHAPES and
+    PACKING rows, W8A8 as code * scale) is exactly the bf16 weight the factory's reference arithmetic gives."""
+    from quantmatrix.checkpoints.lint import Declared
+    from quantmatrix.measure import dequant
+
+    spec = SyntheticSpec("compressed-tensors", scheme)
+    w = _weight()
+    if scheme == "w8a8_int8":
+        scale = int8.weight_scale(w).to(torch.bfloat16)
+        tensors = {"m.weight": int8.quantize(w, scale), "m.weight_scale": scale}
+        d = Declared("compressed-tensors", "w8a8_int8", "", (), declared.IntWeights(8, -1, False, True), "int8")
+        assert torch.equal(dequant._int8_state(tmp_path, d, tensors)["m.weight"],
+                           int8.dequantize(tensors["m.weight"], scale))
+        return
+    q = wna16.quantize(w, 4, 128, symmetric=True)
+    names = compressed_tensors.LEAVES["w4a8"]
+    tensors = {f"m.{names[r]}": t for r, t in compressed_tensors.RECIPES["w4a8"].tensors(q, spec).items()}
+    d = Declared("compressed-tensors", "w4a8_fp8", "", (), declared.IntWeights(4, 128, False, True), "w4a8")
+    assert torch.equal(dequant._wna16_state(tmp_path, d, tensors)["m.weight"], wna16.dequantize(q, torch.bfloat16))

@@ -57,7 +57,8 @@ _PRESETS = {"nvfp4_weight_only": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
             "fp8_block": ("FP8_BLOCK", "FP8_BLOCK", "float-quantized"),
             "w8a8_int8": ("W8A8", "W8A16", "int-quantized")}
 # how its WNA16 codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
-PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0}}
+PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0},
+           "w4a8": {"slot_order": "sequential", "zero_offset": 0}}
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
