@@ -162,7 +162,8 @@ def test_layer_verdict_records_the_method_and_backend(matrix):
      "tensors it reads (known: MARLIN, HUMMING, VLLM_CUTLASS, FLASHINFER_CUTLASS, FLASHINFER_TRTLLM, "
      "FLASHINFER_CUTEDSL, EMULATION, FP8_TRITON, FP8_DYNAMIC_TRITON, FP8_VLLM_CUTLASS, FP8_DYNAMIC_VLLM_CUTLASS, "
      "FP8_DYNAMIC_DEEPGEMM, FP8_FLASHINFER_CUTLASS, FP8_DYNAMIC_FLASHINFER_CUTLASS, FP8_FLASHINFER_TRTLLM, "
-     "FP8_DYNAMIC_FLASHINFER_TRTLLM, FP8_MARLIN, FP8_DYNAMIC_MARLIN, FP8_CPU, FP8_DYNAMIC_CPU)"),
+     "FP8_DYNAMIC_FLASHINFER_TRTLLM, FP8_MARLIN, FP8_DYNAMIC_MARLIN, FP8_CPU, FP8_DYNAMIC_CPU, "
+     "INT8_TRITON, INT8_HUMMING, INT8_CPU)"),
     (W4A4, _build("MARLIN", False),
      f"W4A4 checkpoint routed to MARLIN {ON}, which never reads activation scales: its calibrated input_scale is "
      "discarded and activations run unquantized"),

@@ -52,17 +52,18 @@ def _layer_run(pytester: pytest.Pytester, *extra: str, marks: str = "sm121 and d
 def test_layer_checks_pass_on_installed_vllm(pytester):
     """Every layer-dispatch, audit and rank-shards case of the default matrix passes on unmodified vLLM (simulated
     sm121), in every parallel layout: tp 2 and expert parallel 2 for every quantized NVFP4 checkpoint, one FP8
-    export per producer and the healthy MIXED_PRECISION one, tp 4 for the
+    export per producer, the healthy MIXED_PRECISION one and the W8A8 INT8 one, tp 4 for the
     healthy exports, and tp 8, which cannot split their NVFP4 groups, refused by vLLM as it must be."""
     result = _layer_run(pytester, "-rA", checks="layer_dispatch or post_load_audit or rank_shards")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.outlines[-30:]
     assert outcomes["passed"] >= 2 * 20
     passed = [line for line in result.outlines if line.startswith("PASSED")]
-    # 21 quantized NVFP4 checkpoints, 3 FP8 ones (one healthy export per producer) and the healthy MIXED_PRECISION
-    # one x 3 checks, less the audit and shards of the config vLLM must refuse; 4 healthy exports x 3; at tp 8 only
+    # 21 quantized NVFP4 checkpoints, 3 FP8 ones (one healthy export per producer), the healthy MIXED_PRECISION one
+    # and the healthy W8A8 INT8 one x 3 checks, less the audit and shards of the config vLLM must refuse; 4 healthy
+    # exports x 3; at tp 8 only
     # rank_shards passes (the refusal is what it demands), the others skip
-    for layout, cases in (("tp2", 3 * 25 - 2), ("tp2_ep", 3 * 25 - 2), ("tp4", 3 * 4), ("tp8", 4)):
+    for layout, cases in (("tp2", 3 * 26 - 2), ("tp2_ep", 3 * 26 - 2), ("tp4", 3 * 4), ("tp8", 4)):
         assert sum(line.endswith(f"-{layout}]") for line in passed) == cases, layout
     for leaf in ("weight", "weight_packed"):  # ModelOpt's and compressed-tensors' names: 2 checkpoints x 2 checks
         result.stdout.fnmatch_lines([f"SKIPPED [[]4[]] *: vLLM refuses layout tp8, as it must (model.layers.0.mlp."

@@ -70,7 +70,7 @@ def test_the_check_decodes_what_the_factory_encoded(producer, scheme, tmp_path):
     names = module.LEAVES["wna16"]
     tensors = {f"m.{names[role]}": t for role, t in export.tensors(q, spec).items()}
     weights = IntWeights(p.bits, p.group_size, p.actorder, export.symmetric)
-    state = dequant._wna16_state(tmp_path, Declared(producer, "weight_only", "", (), weights), tensors)
+    state = dequant._wna16_state(tmp_path, Declared(producer, "weight_only", "", (), weights, "wna16"), tensors)
     assert torch.equal(state["m.weight"], wna16.dequantize(q, export.scale_dtype))
 
 

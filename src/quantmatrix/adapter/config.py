@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.adapter import mixed
-from quantmatrix.adapter.declared import FP8_FAMILIES, MODELOPT_ALGOS
+from quantmatrix.adapter.declared import FP8_FAMILIES, INT_ACT_SCHEMES, MODELOPT_ALGOS
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
 
@@ -109,13 +109,24 @@ def _fp8_words(block: bool, dynamic: bool) -> str:
     return "fp8_block" if block else "fp8_dynamic" if dynamic else "fp8_static"
 
 
+def _type(args: Any) -> str:
+    """A QuantizationArgs' type as the config writes it ("int", "float"), whichever way pydantic keeps it."""
+    return str(getattr(args, "type", "")).rsplit(".", 1)[-1].lower()
+
+
 def _classify_ct(linear: Any) -> tuple[str, str]:
-    """A compressed-tensors Linear target: integer weights without activations are WNA16, 8-bit float weights are
-    FP8 (block, or by the activations' `dynamic`), anything else NVFP4 by whether activations are quantized."""
+    """A compressed-tensors Linear target: integer weights without activations are WNA16, with 8-bit activations
+    W8A8 INT8 or W4A8 FP8 (adapter.declared.INT_ACT_SCHEMES), 8-bit float weights are FP8 (block, or by the
+    activations' `dynamic`), anything else NVFP4 by whether activations are quantized."""
     weights, acts = linear.get("weights"), linear.get("input_activations")
-    if getattr(weights, "type", None) == "int" and acts is None:
+    if _type(weights) == "int" and acts is None:
         return (f"W{weights.num_bits}A16 (int {weights.strategy}, group_size {weights.group_size}, "
                 f"{'symmetric' if weights.symmetric else 'zero points'})", "weight_only")
+    kind = INT_ACT_SCHEMES.get((getattr(weights, "num_bits", None), _type(acts), getattr(acts, "num_bits", None)))
+    if _type(weights) == "int" and kind is not None:
+        return (f"W{weights.num_bits}A{acts.num_bits} (int {weights.strategy} weights, group_size "
+                f"{weights.group_size}; {_type(acts)} {acts.strategy} activations, "
+                f"{'dynamic' if acts.dynamic else 'static'})", kind[0])
     if weights is not None and getattr(weights, "num_bits", None) == 8 and str(getattr(weights, "type", "")) in (
             "float", "QuantizationType.FLOAT"):
         strategy = str(getattr(weights, "strategy", ""))

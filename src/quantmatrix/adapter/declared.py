@@ -10,7 +10,10 @@ legacy hf_quant_config.json, and decides:
   null or no key is weight-only: CompressedTensorsConfig._quantization_scheme_map_from_config); no group at all
   quantizes nothing (every Linear gets UnquantizedLinearMethod). float-quantized (FP8) groups: block weights are
   block-wise FP8, else the activations' `dynamic` decides static or dynamic. Format `pack-quantized` with int
-  weights and no activation quantization is integer weight-only (WNA16).
+  weights and no activation quantization is integer weight-only (WNA16). Int weights with quantized activations:
+  8-bit weights and int8 activations (format `int-quantized`) are W8A8 INT8, 4-bit weights with 8-bit float
+  activations (`pack-quantized`, the W4AFP8 preset) W4A8 FP8 (CompressedTensorsConfig._is_dynamic_token_w8a8,
+  _is_fp8_w4a8).
 - fp8 (Fp8Config): `weight_block_size` is block-wise FP8, else `activation_scheme` static or dynamic.
 - GPTQ / AWQ (`quant_method` gptq / awq): integer weight-only, `bits`, `group_size` (-1: channel-wise), GPTQ's
   `desc_act` (activation order) and `sym`, AWQ's `zero_point`.
@@ -34,9 +37,14 @@ MIXED_ALGO, MIXED = "MIXED_PRECISION", "mixed"
 CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
 CT_FP8_FORMAT = "float-quantized"
 CT_WNA16_FORMAT = "pack-quantized"
+CT_INT_FORMAT = "int-quantized"  # unpacked integer weights beside quantized activations (W8A8 INT8)
 # The scheme module (checkpoints.schemes) whose tensors an FP8 reading names; any other reading of ModelOpt,
 # compressed-tensors float-quantized or fp8 (NVFP4, unquantized, unknown) is an NVFP4 one.
 FP8_FAMILIES = {"fp8_static": "fp8", "fp8_dynamic": "fp8", "fp8_block": "fp8_block"}
+# Int weights with quantized activations (compressed-tensors): (weight bits, activation type, activation bits) ->
+# (resolves_to word, scheme module whose tensors it holds, the format that stores them)
+INT_ACT_SCHEMES = {(8, "int", 8): ("w8a8_int8", "int8", CT_INT_FORMAT),
+                   (4, "float", 8): ("w4a8_fp8", "w4a8", CT_WNA16_FORMAT)}
 WNA16_METHODS = ("gptq", "awq")  # quant_methods that are integer weight-only whatever their other keys say
 
 
@@ -108,6 +116,21 @@ def _ct_fp8(groups: Mapping[str, Any]) -> str:
     return "fp8_dynamic" if isinstance(acts, Mapping) and acts.get("dynamic") else "fp8_static"
 
 
+def _ct_int_acts(groups: Mapping[str, Any]) -> tuple[str, str, str, IntWeights] | None:
+    """A compressed-tensors config whose every group has int weights and quantized activations of one
+    INT_ACT_SCHEMES kind: (word, scheme module, format, weights); None otherwise."""
+    kinds = set()
+    for g in groups.values():
+        w, acts = ct_int_weights(g), g.get("input_activations") if isinstance(g, Mapping) else None
+        if w is None or not isinstance(acts, Mapping) or not acts:
+            return None
+        kinds.add((w, (w.bits, acts.get("type"), acts.get("num_bits"))))
+    if len(kinds) != 1:
+        return None
+    w, key = kinds.pop()
+    return (*INT_ACT_SCHEMES[key], w) if key in INT_ACT_SCHEMES else None
+
+
 @dataclasses.dataclass(frozen=True)
 class Declaration:
     """A quantization config in vLLM's reading.
@@ -127,7 +150,7 @@ class Declaration:
     groups_shape: str = "missing"
     disagree: bool = False
     family: str = "nvfp4"  # the scheme module whose tensors the checkpoint holds (checkpoints.schemes): nvfp4,
-    # fp8 / fp8_block (FP8_FAMILIES), wna16
+    # fp8 / fp8_block (FP8_FAMILIES), wna16, int8 / w4a8 (INT_ACT_SCHEMES)
     weights: IntWeights | None = None  # integer weight-only: the declared bits, groups, order, zero points
     layers: tuple[tuple[str, str], ...] = ()  # MIXED_PRECISION: (module, upper-cased quant_algo) of quantized_layers
 
@@ -226,6 +249,9 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
         if fmt == CT_WNA16_FORMAT and None not in ints and not any(quantized):
             return Declaration(producer, "weight_only", None, fmt, acts, shape, len(ints) > 1, family="wna16",
                                weights=next(iter(ints)))
+        int_acts = _ct_int_acts(groups) if groups else None
+        if int_acts is not None and fmt == int_acts[2]:
+            return Declaration(producer, int_acts[0], None, fmt, acts, shape, family=int_acts[1], weights=int_acts[3])
         scheme = None if fmt != CT_NVFP4_FORMAT else (
             "unquantized" if not groups else "w4a4" if any(quantized) else "weight_only")
         return Declaration(producer, scheme, None, fmt if isinstance(fmt, str) else None, acts, shape,

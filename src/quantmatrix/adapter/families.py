@@ -72,11 +72,19 @@ def _fp8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return _fp8("fp8_static" if method.static_input_scales else "fp8_dynamic", method)
 
 
+def _int8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """CompressedTensorsW8A8Int8MoEMethod: channel-wise int8 weights, dynamic per-token int8 activations (it refuses
+    static ones), the `int8_backend` enum as INT8_<backend>."""
+    if not hasattr(method, "int8_backend"):
+        raise AdapterMismatch(f"{type(method).__name__} has no int8_backend: update quantmatrix/adapter/families.py")
+    return Reading("w8a8_int8", READ_SET_PREFIX["w8a8_int8"] + _enum_name(method.int8_backend), False)
+
+
 # resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
 # name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
 READ_SET_PREFIX: dict[str, str | None] = {
     "weight_only": "", "w4a4": "",
-    "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_",
+    "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_", "w8a8_int8": "INT8_",
     "unquantized": None,
 }
 
@@ -101,6 +109,7 @@ READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "ModelOptFp8MoEMethod": _fp8_modelopt,
     "Fp8MoEMethod": _fp8_hf,
     "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
+    "CompressedTensorsW8A8Int8MoEMethod": _int8_ct,
     "UnquantizedFusedMoEMethod": _unquantized,
 }
 

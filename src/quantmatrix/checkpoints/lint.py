@@ -6,7 +6,8 @@ real 30B export in a second. The declaration is read the way vLLM reads it (weig
 quant_algo is W4A16_NVFP4 or every config group's input_activations is None; compressed-tensors: a falsy
 input_activations), so a finding is exactly a place where vLLM's kernel choice and the files disagree. The
 declaration's family (the scheme module whose tensors it holds) picks the module check: NVFP4 and FP8 here, integer
-weight-only exports (GPTQ, AWQ, compressed-tensors pack-quantized) in checkpoints.lint_wna16.
+weight exports (GPTQ, AWQ, compressed-tensors pack-quantized, W4A16 or W4A8 FP8) in checkpoints.lint_wna16, W8A8
+INT8 in checkpoints.lint_int8.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from quantmatrix.adapter.declared import MIXED
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, lint_mixed, lint_wna16, producers
+from quantmatrix.checkpoints import experts, lint_int8, lint_mixed, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
 from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
@@ -30,8 +31,8 @@ SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes t
 # Per scheme module (a Declared's family: producers.leaves names its tensors), the format's word, and the dtype a
 # quantized weight named `weight` is stored in (WNA16 producers name theirs apart: qweight, weight_packed).
 FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only",
-                MIXED: "quantized (MIXED_PRECISION)"}
-_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
+                MIXED: "quantized (MIXED_PRECISION)", lint_int8.INT8: "W8A8 INT8", "w4a8": "W4A8 FP8"}
+_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3", lint_int8.INT8: "I8"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 _WIDTH = {"F32": 4, "BF16": 2, "F8_E4M3": 1}  # bytes per element of the dtypes whose values the lint reads
@@ -144,7 +145,8 @@ def scalar(t: Tensor) -> float:
 
 def _scheme_words(d: Declared) -> str:
     return {"w4a4": "W4A4", "weight_only": "weight-only", "fp8_static": "static-activation FP8",
-            "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8"}[d.scheme] + f" ({d.why})"
+            "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
+            "w4a8_fp8": "W4A8 FP8"}[d.scheme] + f" ({d.why})"
 
 
 def _fp8_scale_shape(w: Tensor, block: bool) -> tuple[tuple[int, ...], ...]:
@@ -298,14 +300,21 @@ def _check_fused(modules: dict[str, dict[str, Tensor]], d: Declared) -> list[Fin
 
 
 def _check_wna16(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
-    """One integer weight-only module against the declared bits, groups, order and zero points."""
+    """One integer-weight module (WNA16, or W4A8's same weights) against the declared bits, groups, order and zero
+    points."""
     if d.weights is None:
         raise LintError(f"{module}: an integer weight-only declaration without its weights (lint_config.declared)")
-    return [Finding(*f) for f in lint_wna16.check_module(module, leaves, d.producer, d.weights, block_scales)]
+    return [Finding(*f) for f in lint_wna16.check_module(module, leaves, d.producer, d.weights, block_scales,
+                                                         d.family)]
+
+
+def _check_int8(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
+    return [Finding(*f) for f in lint_int8.check_module(module, leaves, d.producer, block_scales)]
 
 
 # scheme module (a Declared's family) -> the check of one of its quantized modules
-_CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8, lint_wna16.WNA16: _check_wna16}
+_CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8, lint_wna16.WNA16: _check_wna16,
+           "w4a8": _check_wna16, lint_int8.INT8: _check_int8}
 
 
 def lint(path: Path, block_scales: bool = False) -> LintReport:

@@ -23,6 +23,8 @@ from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.experts import Found
 
 WNA16 = "wna16"  # the scheme module this check knows
+# the scheme modules whose weights this check reads, with what their configs declare beside the weights
+KINDS = {WNA16: "weight-only", "w4a8": "W4A8 FP8 (dynamic per-token activations)"}
 _INT_ROLES = ("weight", "zero_point", "g_idx")  # int32 tensors (weight_shape may be I32 or I64)
 _SCALE_DTYPES = {"F16": "e", "BF16": "bf16", "F32": "f"}
 MAX_INDEX = 1 << 24  # g_idx entries read per module before the lint refuses the work
@@ -52,7 +54,8 @@ def _read_values(t: Any, count: int, width: int) -> bytes:
         return fh.read(count * width)
 
 
-def _scales(t: Any) -> list[float]:
+def read_scales(t: Any) -> list[float]:
+    """Every value of an F16, BF16 or F32 scale tensor (checkpoints.lint_int8 reads its scales the same way)."""
     fmt = _SCALE_DTYPES[t.dtype]
     if fmt == "bf16":
         raw = _read_values(t, t.numel, 2)
@@ -138,13 +141,15 @@ def _shapes(module: str, leaves: Mapping[str, Any], names: Mapping[str, str],
 
 
 def check_module(module: str, leaves: Mapping[str, Any], producer: str, w: IntWeights,
-                 scale_values: bool) -> list[Found]:
-    """One module of an integer weight-only export: the roles its producer writes for this config present (and no
+                 scale_values: bool, scheme: str = WNA16) -> list[Found]:
+    """One module of an integer-weight export: the roles its producer writes for this config present (and no
     others), each shape from the packed weight's and the declared bits and group size, g_idx a permutation of the
-    group grid, and (`scale_values`) every scale finite and > 0."""
-    names, dims = producers.leaves(producer, WNA16), producers.shapes(producer, WNA16)
+    group grid, and (`scale_values`) every scale finite and > 0. `scheme`: the scheme module whose names and shapes
+    apply (wna16; w4a8, the same weights beside dynamically quantized activations)."""
+    names, dims = producers.leaves(producer, scheme), producers.shapes(producer, scheme)
     out: list[Found] = []
-    said = "weight-only " + words(producer, w)
+    kind = KINDS[scheme]
+    said = f"{kind} " + words(producer, w)
     for role, (_, when) in dims.items():
         leaf = names[role]
         if _needed(when, w) and leaf not in leaves:
@@ -154,11 +159,11 @@ def check_module(module: str, leaves: Mapping[str, Any], producer: str, w: IntWe
                         f"(it writes {leaf} only {when})"))
     known = {names[r] for r in dims}
     for leaf in sorted(set(leaves) - known - {"bias"}):
-        out.append(("unexpected_tensor", module, leaf, f"not part of a {producer} integer weight-only module"))
+        out.append(("unexpected_tensor", module, leaf, f"not part of a {producer} {kind} integer module"))
     out += _shapes(module, leaves, names, dims, w)
     scale = leaves.get(names["block_scale"])
     if scale_values and scale is not None and scale.dtype in _SCALE_DTYPES and scale.numel <= MAX_INDEX:
-        values = _scales(scale)
+        values = read_scales(scale)
         bad = sum(1 for v in values if not math.isfinite(v) or v <= 0)
         if bad:
             out.append(("bad_value", module, names["block_scale"], f"{bad} of {len(values)} scales are not "

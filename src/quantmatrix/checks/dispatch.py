@@ -42,7 +42,8 @@ _CONSEQUENCE.update({
     ("fp8_static", "fp8_block"): "per-tensor weight scales would be read as a 128x128 block grid",
 })
 _SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "fp8_static": "static-activation FP8",
-                 "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "unquantized": "unquantized",
+                 "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
+                 "w4a8_fp8": "W4A8 (INT4 weights, FP8 activations)", "unquantized": "unquantized",
                  "rejected": "a rejected"}
 
 

@@ -1,8 +1,8 @@
 """The model a checkpoint's files decode to, and how far its logits stray from the bf16 model it was quantized
 from: the measurement behind dequant_logits (checks.checkpoint judges it against the stated bounds). The packed
-weights are decoded by vLLM's own dequantization (adapter.nvfp4, adapter.fp8) or, for integer weight-only exports,
-unpacked by vLLM's own packing helpers (adapter.wna16) and decoded by the format's arithmetic, never by the
-factory's unpack."""
+weights are decoded by vLLM's own dequantization (adapter.nvfp4, adapter.fp8) or, for packed integer exports
+(WNA16, W4A8), unpacked by vLLM's own packing helpers (adapter.wna16) and decoded by the format's arithmetic, never
+by the factory's unpack; W8A8 INT8 weights are stored unpacked and decode as code * per-channel scale."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.lint import SCHEME, Declared, declared
-from quantmatrix.checkpoints.lint_wna16 import WNA16
+from quantmatrix.checkpoints.lint_int8 import INT8
 
 # Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
 INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
@@ -44,6 +44,8 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(checkpoint_dir.glob("*.safetensors")):
         tensors.update(load_file(file))
+    if d.family == INT8:
+        return _int8_state(checkpoint_dir, d, tensors)
     if d.weights is not None:
         return _wna16_state(checkpoint_dir, d, tensors)
     if d.family in FP8_BLOCKS:
@@ -109,9 +111,9 @@ def _wna16_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
 
     w = d.weights
     assert w is not None
-    names, dims = producers.leaves(d.producer, WNA16), producers.shapes(d.producer, WNA16)
-    pk = producers.packing(d.producer, WNA16)
-    skip = producers.quantized_leaves(WNA16)
+    names, dims = producers.leaves(d.producer, d.family), producers.shapes(d.producer, d.family)
+    pk = producers.packing(d.producer, d.family)
+    skip = producers.quantized_leaves(d.family)
     state = {}
     for name, t in tensors.items():
         module, _, leaf = name.rpartition(".")
@@ -132,6 +134,26 @@ def _wna16_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
         g_idx = tensors.get(f"{module}.{names.get('g_idx')}")
         group = (g_idx if g_idx is not None else torch.arange(codes.shape[1]) // size).long()
         state[f"{module}.weight"] = ((codes - zero[:, group]) * scale[:, group]).to(torch.bfloat16)
+    return state
+
+
+def _int8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The bf16 state of a W8A8 INT8 export: each int8 weight times its per-channel scale ([out, 1] or [out])."""
+    import torch
+
+    names = producers.leaves(d.producer, INT8)
+    skip = producers.quantized_leaves(INT8)
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == names["weight"] and t.dtype == torch.int8:
+            scale = tensors.get(f"{module}.{names['block_scale']}")
+            if scale is None:
+                raise ValueError(f"{checkpoint_dir}: {name} is int8 but its weight_scale is missing: the lint names "
+                                 "it; this check cannot decode the weight")
+            state[name] = (t.float() * scale.float().reshape(-1, 1)).to(torch.bfloat16)
+        elif leaf not in skip:
+            state[name] = t
     return state
 
 

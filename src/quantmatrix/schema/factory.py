@@ -68,11 +68,17 @@ SCHEMES = {
                                               params=(*_MIXED, ("unmapped", ("model.layers.1.self_attn.o_proj",)))),
     "mixed_nvfp4_fp8_unlisted": FactoryScheme("mixed", activations="quantized", input_scales=True,
                                               params=(*_MIXED, ("unlisted", ("model.layers.1.self_attn.*",)))),
+    # int8 weights per channel, int8 activations dynamic per token (schemes.int8)
+    "w8a8_int8": FactoryScheme("int8", activations="quantized"),
+    # int4 weights in groups, FP8 activations dynamic per token (schemes.w4a8): vLLM 0.32 serves group 128 only
+    "w4a8_fp8_g128": FactoryScheme("w4a8", activations="quantized", params=(("bits", 4), ("group_size", 128))),
+    "w4a8_fp8_g64": FactoryScheme("w4a8", activations="quantized", params=(("bits", 4), ("group_size", 64))),
 }
 PRODUCERS = {
     "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8", "mixed"), forms=("config_json", "legacy"),
                                 keys=("quant_algo",)),
-    "compressed-tensors": FactoryProducer("compressed_tensors", writes=("nvfp4", "fp8", "fp8_block", "wna16"),
+    "compressed-tensors": FactoryProducer("compressed_tensors",
+                                          writes=("nvfp4", "fp8", "fp8_block", "wna16", "int8", "w4a8"),
                                           packages=("compressed-tensors",)),
     # transformers' FineGrainedFP8 / DeepSeek format: quant_method fp8 (vLLM's Fp8Config)
     "fp8": FactoryProducer("hf_fp8", writes=("fp8", "fp8_block")),

@@ -10,6 +10,11 @@ Calibration sends every token through every expert.
 WNA16 (pack-quantized, the W4A16 / W8A16 presets): <m>.weight_packed I32 [out, in / (32/bits)] (symmetric codes
 offset to unsigned and packed along the inputs by the package's own pack_to_int32), <m>.weight_scale BF16
 [out, groups], <m>.weight_shape I64 [2], and <m>.weight_g_idx I32 [in] with actorder "group".
+W8A8 INT8 (int-quantized, the W8A8 preset): <m>.weight I8 [out, in], <m>.weight_scale BF16 [out, 1]; activations
+dynamic per token (no input scale).
+W4A8 FP8 (the W4AFP8 preset): the WNA16 tensors (weight_packed, weight_scale [out, groups], weight_shape), format
+pack-quantized: vLLM's W4A8 MoE method registers `weight_packed` int32 parameters, so only the packed export loads
+(compressed-tensors 0.17's infer_module_format would call this preset int-quantized: unpacked int8 `weight`).
 """
 
 from __future__ import annotations
@@ -33,20 +38,27 @@ LEAVES = {"nvfp4": {"weight": "weight_packed", "block_scale": "weight_scale", "g
                     "input_scale": "input_global_scale"},
           "fp8": _FP8_LEAVES, "fp8_block": _FP8_LEAVES,
           "wna16": {"weight": "weight_packed", "block_scale": "weight_scale", "zero_point": "weight_zero_point",
-                    "g_idx": "weight_g_idx", "weight_shape": "weight_shape"}}
+                    "g_idx": "weight_g_idx", "weight_shape": "weight_shape"},
+          "int8": {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale",
+                   "zero_point": "weight_zero_point"},
+          "w4a8": {"weight": "weight_packed", "block_scale": "weight_scale", "weight_shape": "weight_shape"}}
 # WNA16 role -> (its dimensions in checkpoints.lint_wna16's words, when the package writes it)
 SHAPES = {"wna16": {"weight": (("out", "in/pack"), "always"), "block_scale": (("out", "groups"), "always"),
                     "weight_shape": (("2",), "always"), "zero_point": (("out/pack", "groups"), "asymmetric"),
-                    "g_idx": (("in",), "actorder")}}
+                    "g_idx": (("in",), "actorder")},
+          "w4a8": {"weight": (("out", "in/pack"), "always"), "block_scale": (("out", "groups"), "always"),
+                   "weight_shape": (("2",), "always")}}
 # Per factory scheme: the package's preset with quantized activations, the weight-only one, and the format
 # (WNA16's schemes are built from their bits and groups: _wna16_scheme).
 _PRESETS = {"nvfp4_weight_only": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
             "nvfp4_w4a4": ("NVFP4", "NVFP4A16", "nvfp4-pack-quantized"),
             "fp8_static": ("FP8", "FP8", "float-quantized"),
             "fp8_dynamic": ("FP8_DYNAMIC", "FP8_DYNAMIC", "float-quantized"),
-            "fp8_block": ("FP8_BLOCK", "FP8_BLOCK", "float-quantized")}
+            "fp8_block": ("FP8_BLOCK", "FP8_BLOCK", "float-quantized"),
+            "w8a8_int8": ("W8A8", "W8A16", "int-quantized")}
 # how its WNA16 codes sit in an int32 and what its stored zero points mean (measure.dequant decodes by it)
-PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0}}
+PACKING = {"wna16": {"slot_order": "sequential", "zero_offset": 0},
+           "w4a8": {"slot_order": "sequential", "zero_offset": 0}}
 
 
 def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -97,7 +109,7 @@ class _NVFP4:
 
 class _FP8:
     """llm-compressor's FP8 calibration (schemes.fp8.Recipe): every token through every expert; scales stored in
-    the model's dtype."""
+    the model's dtype (what schemes.int8.Recipe asks of W8A8 INT8 too)."""
 
     scale_dtype = "bfloat16"
     input_amax = staticmethod(_NVFP4.input_amax)
@@ -130,7 +142,8 @@ class _WNA16:
         return out
 
 
-RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8(), "fp8_block": _FP8(), "wna16": _WNA16()}
+RECIPES = {"nvfp4": _NVFP4(), "fp8": _FP8(), "fp8_block": _FP8(), "wna16": _WNA16(), "int8": _FP8(),
+           "w4a8": _WNA16()}
 
 
 def _regex(glob: str) -> str:
@@ -138,14 +151,16 @@ def _regex(glob: str) -> str:
     return glob if "*" not in glob else "re:" + glob.replace(".", r"\.").replace("*", ".*")
 
 
-def _wna16_scheme(spec: SyntheticSpec) -> Any:
-    """The package's W{bits}A16 preset with the variant's group size (channel-wise for -1) and actorder."""
+def _int_scheme(spec: SyntheticSpec) -> Any:
+    """The package's W{bits}A16 preset (W4AFP8 for the w4a8 module) with the variant's group size (channel-wise
+    for -1) and actorder."""
     from compressed_tensors.quantization import QuantizationArgs, preset_name_to_scheme
 
     from quantmatrix.checkpoints.schemes.wna16 import params
 
     p = params(spec)
-    scheme = preset_name_to_scheme(f"W{p.bits}A16", ["Linear"])
+    with_acts = spec.factory.module == "w4a8" and spec.activations == "quantized"
+    scheme = preset_name_to_scheme("W4AFP8" if with_acts else f"W{p.bits}A16", ["Linear"])
     weights = scheme.weights.model_dump()
     if p.group_size == -1:
         weights.update(strategy="channel", group_size=None)
@@ -159,8 +174,8 @@ def quantization_config(spec: SyntheticSpec) -> dict[str, Any]:
     """`quantization_config` built by the compressed-tensors package itself from its preset for the scheme."""
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
 
-    if spec.factory.module == "wna16":
-        scheme, fmt = _wna16_scheme(spec), "pack-quantized"
+    if spec.factory.module in ("wna16", "w4a8"):
+        scheme, fmt = _int_scheme(spec), "pack-quantized"
     else:
         with_acts, weight_only, fmt = _PRESETS[spec.scheme]
         scheme = preset_name_to_scheme(with_acts if spec.activations == "quantized" else weight_only, ["Linear"])

@@ -134,11 +134,12 @@ def activation_order(w: torch.Tensor) -> torch.Tensor:
     return torch.sort(-norms, stable=True).indices.to(torch.int32)
 
 
-def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
-    """The family's bf16 model quantized as `producer` writes WNA16: its names (LEAVES["wna16"]: role -> leaf),
-    its layout (RECIPES["wna16"]); `dequantized` is what the stored codes, scales and zeros decode to."""
-    names: Mapping[str, str] = producer.LEAVES[NAME]
-    export: Export = producer.RECIPES[NAME]
+def encode_as(module: str, spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
+    """The family's bf16 model with integer weights as `producer` writes them under scheme module `module` (wna16,
+    or w4a8, whose weights are the same packed export): its names (LEAVES[module]: role -> leaf), its layout
+    (RECIPES[module]); `dequantized` is what the stored codes, scales and zeros decode to."""
+    names: Mapping[str, str] = producer.LEAVES[module]
+    export: Export = producer.RECIPES[module]
     p = params(spec)
     modules = targets(spec, family.config)
     tensors = {k: v for k, v in family.tensors.items() if k.removesuffix(".weight") not in modules}
@@ -151,3 +152,8 @@ def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
             tensors[f"{m}.{names[role]}"] = t
         dequantized[f"{m}.weight"] = dequantize(q, export.scale_dtype, torch.bfloat16)
     return Encoded(tensors, dequantized)
+
+
+def encode(spec: SyntheticSpec, family: Base, producer: Producer) -> Encoded:
+    """Integer weight-only (WNA16)."""
+    return encode_as(NAME, spec, family, producer)
