@@ -135,6 +135,19 @@ def test_w4a4_backend_per_simulated_arch_without_flashinfer(tmp_path, monkeypatc
     assert (build.layer.backend, build.layer.weight_only) == (backend, False)
 
 
+@pytest.mark.parametrize(("checkpoint_id", "method"), [
+    ("qwen3moe-tiny-gptq-w4a16-g32", "MoeWNA16Method"), ("qwen3moe-tiny-awq-w4a16-g32", "MoeWNA16Method"),
+    ("qwen3moe-tiny-ct-w4a16-g32", "CompressedTensorsWNA16MoEMethod")])
+@pytest.mark.parametrize("arch", ["sm90", "sm121"])
+def test_wna16_takes_triton_at_hidden_64_on_every_simulated_arch(tmp_path, monkeypatch, checkpoint_id, method, arch):
+    """vLLM 0.32's WNA16 oracle, past its CPU experts (the simulation answers is_cpu False): Marlin does not fit
+    the tiny 64-wide experts, so GPTQ and AWQ fall back to MoeWNA16Method, and every export runs TRITON."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    build = layers.build(store.materialize(_checkpoint(checkpoint_id)), DEFAULT.arch(arch).capability)
+    assert (build.layer.method, build.layer.backend, build.layer.scheme, build.layer.weight_only) == (
+        method, "WNA16_TRITON", "weight_only", True)
+
+
 def test_simulation_restores_the_platform_and_fails_loudly_when_it_does_not_take(monkeypatch):
     """After simulate() vLLM sees the CPU platform again; a seam that stops working raises, never skips."""
     from vllm.platforms import current_platform
@@ -143,7 +156,8 @@ def test_simulation_restores_the_platform_and_fails_loudly_when_it_does_not_take
     with simulate.simulate(DEFAULT.arch("sm120").capability):
         assert tuple(current_platform.get_device_capability()) == (12, 0)
         assert not current_platform.has_device_capability(121)
-    assert current_platform.get_device_capability() == before
+        assert not current_platform.is_cpu()  # a simulated CUDA device is not the CPU
+    assert current_platform.get_device_capability() == before and current_platform.is_cpu()
     monkeypatch.setattr(simulate, "check_simulation", lambda cap: (_ for _ in ()).throw(
         AdapterMismatch("simulated capability did not take")))
     with pytest.raises(AdapterMismatch), simulate.simulate(DEFAULT.arch("sm120").capability):
