@@ -33,11 +33,11 @@ VLLM_NAMES = frozenset({
     "quantized_layers",
     # layers, quant methods and weight loading
     "quant_method", "old_quant_method", "experts_cls", "use_a16", "akey", "nvfp4_backend", "fp8_backend",
-    "block_quant", "static_input_scales", "moe_config",
+    "block_quant", "static_input_scales", "moe_config", "wna16_moe_backend", "wna16_backend",
     "local_num_experts", "output_sizes", "weight_loader", "process_weights_after_loading",
     "get_fused_moe_quant_config", "load_model", "_map_global_expert_id_to_local_expert_id",
     # the platform the capability simulation patches
-    "is_cuda_alike", "has_device_capability",
+    "is_cuda_alike", "has_device_capability", "is_cpu",
 })
 # Names the adapter touches on vLLM objects that quantmatrix also uses for its own concepts, so they are not listed.
 OWN = {

@@ -85,8 +85,11 @@ def test_cli_docs_check_says_the_docs_are_current(capsys):
     assert "up to date" in capsys.readouterr().out
 
 
-def test_a_scheme_no_layer_check_selects_expects_no_read_set(default):
-    """WNA16 is checked at config and file level only: the table must not lend it NVFP4's read-sets because both
-    resolve to weight_only."""
-    rows = [r for r in doc_tables.dispatch(default).splitlines() if r.startswith("| `wna16_int4_g32` | `gptq`")]
-    assert rows and all("layer_dispatch does not select it" in r and "MARLIN" not in r for r in rows), rows
+def test_wna16_rows_name_their_own_read_sets_and_none_where_no_layer_check_selects_them(default):
+    """WNA16 resolves to weight_only as NVFP4 does: the table must list the WNA16_* read-sets, never NVFP4's; and a
+    checkpoint layer_dispatch has no case of (vLLM cannot build its layer) expects none."""
+    table = doc_tables.dispatch(default).splitlines()
+    rows = [r for r in table if r.startswith("| `wna16_int4_g32` | `gptq`")]
+    assert rows and all("`WNA16_TRITON`: weight, block_scale, zero_point" in r and "`MARLIN`" not in r for r in rows)
+    rows = [r for r in table if r.startswith("| `wna16_int4_channel` | `gptq`")]
+    assert rows and all("layer_dispatch does not select it" in r and "WNA16_" not in r for r in rows), rows

@@ -80,13 +80,34 @@ def _int8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return Reading("w8a8_int8", READ_SET_PREFIX["w8a8_int8"] + _enum_name(method.int8_backend), False)
 
 
+def _wna16(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """Integer weight-only (GPTQ, AWQ, compressed-tensors W4A16/W8A16): bf16 activations always; the
+    `WNA16MoEBackend` enum (MoeWNA16Method and compressed-tensors keep it as wna16_backend, the GPTQ and AWQ Marlin
+    methods as wna16_moe_backend), its read-set named WNA16_<backend>."""
+    backend = getattr(method, "wna16_backend", None) or getattr(method, "wna16_moe_backend", None)
+    if backend is None:
+        raise AdapterMismatch(f"{type(method).__name__} keeps no WNA16 backend (wna16_backend, wna16_moe_backend): "
+                              "update quantmatrix/adapter/families.py")
+    return Reading("weight_only", READ_SET_PREFIX["wna16"] + _enum_name(backend), True)
+
+
 # resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
 # name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
 READ_SET_PREFIX: dict[str, str | None] = {
     "weight_only": "", "w4a4": "",
     "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_", "w8a8_int8": "INT8_",
     "unquantized": None,
+    # integer weight-only resolves to weight_only too; its read-sets are a family apart (read_set_word)
+    "wna16": "WNA16_",
 }
+# factory scheme module (schema.factory) -> the READ_SET_PREFIX row its weight-only read-sets are named by
+_FAMILY_WORDS = {"wna16": "wna16"}
+
+
+def read_set_word(resolves_to: str, scheme_module: str | None) -> str:
+    """The READ_SET_PREFIX row a checkpoint's read-sets are found under: its resolves_to word, except where a
+    scheme family names its own backends (WNA16_*: integer weight-only resolves to weight_only, as NVFP4 does)."""
+    return _FAMILY_WORDS.get(scheme_module or "", resolves_to) if resolves_to == "weight_only" else resolves_to
 
 
 def read_sets(scheme: str, names: Iterable[str]) -> list[str] | None:
@@ -111,6 +132,10 @@ READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
     "CompressedTensorsW8A8Int8MoEMethod": _int8_ct,
     "UnquantizedFusedMoEMethod": _unquantized,
+    "AutoGPTQMoEMethod": _wna16,
+    "AutoAWQMoEMethod": _wna16,
+    "MoeWNA16Method": _wna16,
+    "CompressedTensorsWNA16MoEMethod": _wna16,
 }
 
 

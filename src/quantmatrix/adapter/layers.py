@@ -77,20 +77,25 @@ class MoELayer:
 _distributed_ready = False
 
 
-def _ensure_distributed(vllm_config: Any) -> None:
+def _ensure_distributed(model_config: Any) -> None:
     """A world-size-1 gloo group, once per process: vLLM's MoE layers read their parallel groups at build (a rank
-    process has its own, adapter.parallel)."""
+    process has its own, adapter.parallel). Made on the CPU platform, before the capability simulation: under it
+    vLLM would pick a CUDA device communicator for the group."""
     global _distributed_ready
     if _distributed_ready or parallel.active():
         return
     import tempfile
 
+    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
     init_file = tempfile.NamedTemporaryFile(prefix="quantmatrix-gloo-", delete=False).name
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"file://{init_file}")
-    initialize_model_parallel(1, 1)
+    vllm_config = VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
+                             load_config=LoadConfig())
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{init_file}")
+        initialize_model_parallel(1, 1)
     _distributed_ready = True
 
 
@@ -121,7 +126,6 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
     vllm_config = parallel.adopt(VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
                                             load_config=LoadConfig()))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
-        _ensure_distributed(vllm_config)
         if cls_name == "MixtralMoE":
             block = block_cls(num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
                               hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
@@ -218,6 +222,7 @@ def build(checkpoint_dir: Path, capability: tuple[int, int], every_layer: bool =
 def _simulated_build(model_config: Any, capability: tuple[int, int], indices: list[int]) -> list[MoELayer]:
     """The layers built under the simulated capability. An optional kernel package whose own code raised (it
     cannot initialise here) is hidden from vLLM and the build repeated, so the backend is vLLM's choice without it."""
+    _ensure_distributed(model_config)
     while True:
         hidden = simulate.unusable()
         try:

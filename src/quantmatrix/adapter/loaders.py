@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix import bounded
-from quantmatrix.adapter import engine
+from quantmatrix.adapter import engine, families
 from quantmatrix.errors import AdapterMismatch
 
 # What moves a weight-only NVFP4 MoE layer onto a backend that never reads input_scale.
@@ -54,14 +54,31 @@ def wrap_weight_loader(param: Any, wrap: Callable[[Callable[..., Any]], Callable
     return undo
 
 
+# MoE methods whose weight_loader stores a converted tensor, not the one it was given: MoeWNA16Method (GPTQ and AWQ
+# where Marlin does not fit) transposes GPTQ/AWQ qweight, qzeros and scales and repacks them as uint8. A write of
+# theirs cannot be held to the reference split of the checkpoint tensor.
+_CONVERTING_LOADERS = ("MoeWNA16Method",)
+
+
+def converts_on_load(module: Any) -> bool:
+    """Whether the MoE layer's loader stores its tensors converted (_CONVERTING_LOADERS)."""
+    qm = getattr(module, "quant_method", None)
+    return type(getattr(qm, "old_quant_method", None) or qm).__name__ in _CONVERTING_LOADERS
+
+
 def method_and_backend(module: Any) -> tuple[str, str, bool]:
-    """(quant method class, backend name, weight-only) of a MoE or linear layer. The backend is the MoE method's
-    backend enum, or a linear method's kernel class; weight-only is the method's own view (MoE `use_a16`, a
-    ModelOpt linear method without an activation key, `akey`)."""
+    """(quant method class, backend name, weight-only) of a MoE or linear layer. The backend is the read-set name
+    adapter.families gives a MoE method it knows (FP8_*, WNA16_*), else the method's backend enum, or a linear
+    method's kernel class; weight-only is the method's own view (MoE `use_a16`, a WNA16 method, a ModelOpt linear
+    method without an activation key, `akey`)."""
     qm = getattr(module, "quant_method", None)
     if qm is None:
         raise AdapterMismatch(f"{type(module).__name__} has no quant_method: update quantmatrix/adapter/loaders.py")
     source = getattr(qm, "old_quant_method", None) or qm
+    if type(source).__name__ in families.READERS and engine.is_moe_layer(module):
+        reading = families.read(source, lambda method: bool(getattr(method, "use_a16", False)))
+        if reading.backend != "none":
+            return type(source).__name__, reading.backend, reading.weight_only
     _, backend = engine.backend_of(source)
     kernel = getattr(source, "kernel", None)
     if backend is None and kernel is not None:

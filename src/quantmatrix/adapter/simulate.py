@@ -26,7 +26,9 @@ _unusable: dict[str, str] = {}
 
 _INHERITED = object()
 # The platform queries vLLM's backend oracles gate on (has/is_device_capability derive from the first).
-_PATCHED = ("get_device_capability", "is_cuda", "is_cuda_alike")
+# is_cpu answers False: a simulated CUDA device is not the CPU, and vLLM's oracles that put the CPU kernels first
+# (int_wna16's CPU / ZEN_CPU, which need AMX) would otherwise never reach the CUDA backends' own device checks.
+_PATCHED = ("get_device_capability", "is_cuda", "is_cuda_alike", "is_cpu")
 
 
 def platform_seams() -> tuple[type, Any]:
@@ -51,7 +53,7 @@ def check_simulation(capability: tuple[int, int]) -> None:
     got = current_platform.get_device_capability()
     if (got is None or tuple(got) != capability or not current_platform.is_cuda()
             or not current_platform.has_device_capability(number)
-            or current_platform.has_device_capability(number + 1)):
+            or current_platform.has_device_capability(number + 1) or current_platform.is_cpu()):
         raise AdapterMismatch(f"simulated capability {capability} did not take: vLLM's platform reports {got}; "
                               "update quantmatrix/adapter/simulate.py")
 
@@ -70,6 +72,7 @@ def simulate(capability: tuple[int, int]) -> Iterator[None]:
     platform_cls.get_device_capability = classmethod(lambda cls, device_id=0: cap)
     platform_cls.is_cuda = lambda self: True
     platform_cls.is_cuda_alike = lambda self: True
+    platform_cls.is_cpu = lambda self: False
     try:
         check_simulation(capability)
         yield

@@ -17,6 +17,7 @@ from quantmatrix.adapter.config import Resolution
 from quantmatrix.adapter.declared import Declaration, declare
 from quantmatrix.adapter.layers import LayerBuild
 from quantmatrix.checks.verdict import Verdict
+from quantmatrix.schema import factory
 from quantmatrix.schema.model import Case, Checkpoint, MoeBackend
 
 _CONSEQUENCE = {
@@ -41,6 +42,14 @@ _CONSEQUENCE.update({
     ("fp8_dynamic", "fp8_block"): "per-tensor or per-channel weight scales would be read as a 128x128 block grid",
     ("fp8_static", "fp8_block"): "per-tensor weight scales would be read as a 128x128 block grid",
 })
+# Where a scheme family (schema.factory's scheme module) words a resolution otherwise than NVFP4 does: the words and
+# the consequence of a wrong routing, per (expected, got).
+_FAMILY_WORDS = {"wna16": {"weight_only": "weight-only integer (WNA16)"}}
+_FAMILY_CONSEQUENCE = {
+    ("wna16", "weight_only", "unquantized"): "the packed int32 weights would meet bf16 expert layers (vLLM's "
+                                             "unquantized method reads packed ints as weights, or leaves its bf16 "
+                                             "weights unloaded)",
+}
 _SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "fp8_static": "static-activation FP8",
                  "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
                  "w4a8_fp8": "W4A8 (INT4 weights, FP8 activations)", "unquantized": "unquantized",
@@ -172,13 +181,15 @@ def _layer_problem(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     built = expected != "rejected" and build.layer is not None
     wanted = ck.expectation("activation_scales", arch) if built else None
     pinned = ck.expectation("moe_backend", arch, default=None) if built else None
-    return layer_problem(expected, wanted, pinned, f"on {arch.describe()}", build, backends)
+    family = factory.SCHEMES[ck.scheme.factory].module if ck.scheme.factory in factory.SCHEMES else ""
+    return layer_problem(expected, wanted, pinned, f"on {arch.describe()}", build, backends, family)
 
 
 def layer_problem(expected: str, wanted: str | None, pinned: list[str] | None, on: str, build: LayerBuild,
-                  backends: Mapping[str, MoeBackend]) -> str | None:
+                  backends: Mapping[str, MoeBackend], family: str = "") -> str | None:
     """The message names what was routed where and why it hurts: `expected` scheme, `wanted` activation scales
-    (read / not_read / any), the `pinned` backends, if any, of the arch the layer was built `on`."""
+    (read / not_read / any), the `pinned` backends, if any, of the arch the layer was built `on`; `family`: the
+    checkpoint's scheme module (schema.factory), where it words the scheme its own way."""
     if expected == "rejected":
         return None if build.layer is None else (
             f"vLLM built {build.layer.method} with backend {build.layer.backend} {on} for a config the matrix says "
@@ -188,8 +199,9 @@ def layer_problem(expected: str, wanted: str | None, pinned: list[str] | None, o
     layer = build.layer
     got = layer.scheme or ("weight_only" if layer.weight_only else "w4a4")  # a Built record from before schemes
     if got != expected:
-        why = _CONSEQUENCE.get((expected, got))
-        return (f"{_SCHEME_WORDS[expected]} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
+        why = _FAMILY_CONSEQUENCE.get((family, expected, got)) or _CONSEQUENCE.get((expected, got))
+        words = _FAMILY_WORDS.get(family, {}).get(expected, _SCHEME_WORDS[expected])
+        return (f"{words} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
                 f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
     backend = backends.get(layer.backend)
     if backend is None:

@@ -95,9 +95,10 @@ def unloaded_mask(layer: Layer, pname: str, direct: bool = False) -> torch.Tenso
     """Where the parameter was never written: one entry per expert row ([E, 1, ...]) for MoE tensors, else a
     scalar (a linear parameter missing any of its shards counts as not written). `direct`: the load format wrote
     param.data itself (sharded_state) and no weight_loader ran, so nothing here says what was not written: all
-    counts as loaded, and the values are still judged."""
+    counts as loaded, and the values are still judged. A parameter with no elements holds nothing to load (vLLM
+    registers zero-sized placeholders, e.g. a symmetric GPTQ's qzeros, only so their checkpoint names resolve)."""
     p = layer.params[pname]
-    if direct:
+    if direct or p.numel() == 0:
         return torch.tensor(False)
     writes = layer.writes[pname]
     need = loaders.expected_shards(layer.module, layer.kind, pname)
@@ -124,7 +125,8 @@ def misplaced(layer: Layer, pname: str, args: tuple, kwargs: dict) -> Finding | 
     loaded, expert, facts = call["loaded_weight"], int(call["expert_id"]), layer.facts
     param = layer.params[pname]
     name = f"{layer.name}.{pname}"
-    if facts is None or loaded.dim() == 3 or param.dim() == 0 or fused_parts(name) is None:
+    if (facts is None or loaded.dim() == 3 or param.dim() == 0 or fused_parts(name) is None
+            or loaders.converts_on_load(layer.module)):
         return None
     rank = facts.ep_rank if facts.ep_size > 1 else facts.tp_rank
     whole = param.shape[0] == facts.global_experts != len(facts.experts)  # indexed by global expert on every rank

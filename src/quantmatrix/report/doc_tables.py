@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from quantmatrix.adapter.families import read_sets
+from quantmatrix.adapter.families import read_set_word, read_sets
 from quantmatrix.errors import QuantmatrixError
 from quantmatrix.schema import factory
 from quantmatrix.schema.backends import merged
@@ -31,18 +31,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
 
 
-def _layer_checked(matrix: Matrix, ck: Checkpoint) -> bool:
-    """Whether the check that judges the backend (layer_dispatch) selects the checkpoint's scheme and producer:
-    where it does not, no read-set is expected of it (a scheme checked at config and file level only)."""
+def _layer_checked(matrix: Matrix) -> set[str]:
+    """The checkpoints the check that judges the backend (layer_dispatch) has a case of: where it has none, no
+    read-set is expected (a scheme checked at config and file level only, a checkpoint vLLM cannot build)."""
     check = matrix.checks.get(LAYER_CHECK)
-    return check is not None and (check.schemes is None or ck.scheme.name in check.schemes) and (
-        check.producers is None or ck.producer in check.producers)
+    return {case.cell.checkpoint.id for case in matrix.cases(check)} if check is not None else set()
 
 
 def _backends(ck: Checkpoint, arch: Arch, resolves_to: str, backends: Mapping[str, MoeBackend]) -> str:
     """The read-sets a case of `ck` on `arch` accepts: those its method's family can name (adapter.families), that
     read input_scale as `activation_scales` says, within a `moe_backend` pin."""
-    names = read_sets(resolves_to, backends) if resolves_to != "rejected" else None
+    module = factory.SCHEMES[ck.scheme.factory].module if ck.scheme.factory in factory.SCHEMES else None
+    names = read_sets(read_set_word(resolves_to, module), backends) if resolves_to != "rejected" else None
     if names is None:
         return "none (vLLM refuses the config)" if resolves_to == "rejected" else "none"
     wanted = ck.expectation("activation_scales", arch, default="any")
@@ -61,13 +61,15 @@ def dispatch(matrix: Matrix) -> str:
     rows: dict[tuple[str, ...], list[str]] = {}
     order = {p: i for i, p in enumerate(factory.PRODUCERS)}
     schemes = list(matrix.schemes)
+    layer_checked = _layer_checked(matrix)
     for ck in sorted(matrix.checkpoints, key=lambda c: (schemes.index(c.scheme.name), order.get(c.producer, 99))):
         resolves_to = ck.expectation("resolves_to")
         per_arch: dict[tuple[str, str], list[str]] = {}
-        checked = _layer_checked(matrix, ck)
+        checked = ck.id in layer_checked
         for arch in matrix.archs:
-            cell = _backends(ck, arch, resolves_to, backends) if checked else \
-                f"none expected: {LAYER_CHECK} does not select it (config and file checks only)"
+            cell = _backends(ck, arch, resolves_to, backends) if checked else (
+                f"none expected: {LAYER_CHECK} does not select it (config and file checks only, or a layer vLLM "
+                "cannot build)")
             scales = ck.expectation("activation_scales", arch, default="any") if checked and "`" in cell else "-"
             key = (scales, cell)
             per_arch.setdefault(key, []).append(arch.name)
