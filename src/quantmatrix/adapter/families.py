@@ -72,6 +72,15 @@ def _fp8_ct(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return _fp8("fp8_static" if method.static_input_scales else "fp8_dynamic", method)
 
 
+def _wna16(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """Integer weight-only (WNA16): bf16 activations always; the backend enum is `wna16_backend` (compressed-tensors,
+    MoeWNA16) or `wna16_moe_backend` (GPTQ, AWQ)."""
+    backend = getattr(method, "wna16_backend", getattr(method, "wna16_moe_backend", None))
+    if backend is None:
+        raise AdapterMismatch(f"{type(method).__name__} keeps no wna16_backend: update quantmatrix/adapter/families.py")
+    return Reading("weight_only", _enum_name(backend), True)
+
+
 # resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
 # name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
 READ_SET_PREFIX: dict[str, str | None] = {
@@ -102,6 +111,10 @@ READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "Fp8MoEMethod": _fp8_hf,
     "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
     "UnquantizedFusedMoEMethod": _unquantized,
+    "CompressedTensorsWNA16MoEMethod": _wna16,
+    "MoeWNA16Method": _wna16,
+    "AutoGPTQMoEMethod": _wna16,
+    "AutoAWQMoEMethod": _wna16,
 }
 
 
