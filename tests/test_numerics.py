@@ -101,3 +101,27 @@ def test_a_loading_fault_with_every_tensor_loaded_turns_it_red(zen_checkpoint, m
     assert v.outcome == FAIL, run
     assert f"{_case().cell.id} layer_numerics: vLLM's MoE output strays" in v.message
     assert "ZEN_CPU on host: cosine" in v.message
+
+
+def test_zen_cpu_runs_the_weights_it_first_saw_at_an_address(zen_checkpoint, monkeypatch):
+    """Why measure.numerics keeps every layer it ran alive: zentorch's MoE kernel keys its prepacked weights by the
+    weights' address, so w13 changed in place still runs the old weights, while the same change at a new address
+    runs the new ones. (When this stops holding, numerics._RAN can go.)"""
+    import torch
+
+    from quantmatrix.adapter import kernel, layers
+    from quantmatrix.measure import numerics, sentinel
+
+    layer = layers.build(zen_checkpoint, None).layer
+    assert layer is not None and layer.backend == "ZEN_CPU"
+    layer.load(sentinel.checkpoint_tensors(zen_checkpoint, layer.prefix)())
+    hidden, logits = numerics.inputs(layer.hidden_size, layer.num_experts)
+    first = kernel.run_experts(layer, hidden, logits).clone()
+    numerics._RAN.append(layer)
+    monkeypatch.setattr(kernel, "convert", lambda layer: None)  # in kernel format already: run it as it is
+    w13 = layer.experts.w13_weight
+    flipped = torch.flip(w13.data, dims=[0]).contiguous()
+    w13.data.copy_(flipped)  # every expert's gate/up now another expert's
+    assert torch.equal(kernel.run_experts(layer, hidden, logits), first)
+    layer.experts.w13_weight = torch.nn.Parameter(flipped.clone(), requires_grad=False)
+    assert not torch.equal(kernel.run_experts(layer, hidden, logits), first)
