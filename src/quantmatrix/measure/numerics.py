@@ -53,6 +53,18 @@ class BackendRun:
         return f"{self.backend or self.asked}{forced} on {self.where}"
 
 
+def reference_state(checkpoint_dir: Path, quantized: bool) -> dict[str, Any]:
+    """The bf16 tensors the reference MoE multiplies: the export decoded by measure.dequant, or an unquantized
+    checkpoint's own tensors (the control: vLLM's unquantized experts against the same arithmetic)."""
+    from safetensors.torch import load_file
+
+    from quantmatrix.measure import dequant
+
+    if quantized:
+        return dequant.dequantized_state(checkpoint_dir)
+    return {k: v for f in sorted(checkpoint_dir.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
 def inputs(hidden_size: int, num_experts: int) -> tuple[Any, Any]:
     """A fixed bf16 batch and router logits with no near-ties: each token's logits a permutation of 0, 0.5, 1, ...
     (exact in bf16), so bf16 noise never moves the top-k and both sides route every token the same way."""

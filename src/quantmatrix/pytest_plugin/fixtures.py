@@ -258,13 +258,15 @@ def layer_numerics(cell: Cell, checkpoint_dir: Path, vllm_importable: None, matr
     host's own platform (once per checkpoint), then on the cell's simulated arch the oracle's pick and every
     override word the scheme's read-sets name (once per checkpoint and arch). [] where vLLM refuses the config."""
     from quantmatrix.adapter import families
-    from quantmatrix.measure import dequant, numerics
+    from quantmatrix.measure import numerics
 
     scheme = cell.checkpoint.expectation("resolves_to")
     if scheme == "rejected":
         return []
     session = quantmatrix_session
-    state = session.once(("dequantized_state", checkpoint_dir), lambda: dequant.dequantized_state(checkpoint_dir))
+    quantized = scheme != "unquantized"
+    state = session.once(("dequantized_state" if quantized else "tensors", checkpoint_dir),
+                         lambda: numerics.reference_state(checkpoint_dir, quantized))
     host = session.once(("numerics_host", checkpoint_dir),
                         lambda: numerics.run(checkpoint_dir, None, "auto", numerics.HOST, state))
     backends = matrix.moe_backends
