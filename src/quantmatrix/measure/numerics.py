@@ -133,7 +133,6 @@ def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, wh
         layer.block.to(on)
         layer.load((n, t.to(on)) for n, t in sentinel.checkpoint_tensors(checkpoint_dir, layer.prefix)())
         hidden, logits = inputs(layer.hidden_size, layer.num_experts)
-        _RAN.append(layer)
         try:
             out = kernel.run_experts(layer, hidden.to(on), logits.to(on)).cpu()
         except (AssertionError, AttributeError, RuntimeError, ValueError, TypeError) as e:
@@ -141,6 +140,7 @@ def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, wh
             if any(marker in text for marker in NOT_ON_THIS_HOST):
                 return BackendRun(asked, where, backend, not_here=text.splitlines()[0][:200])
             raise
+        _RAN.append(layer)
         cos, rel = compare(out, reference(state, layer, hidden, logits))
         if cos != cos:  # not finite: no worse layer to find
             return BackendRun(asked, where, backend, cosine=cos, rel_error=rel)
