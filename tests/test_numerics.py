@@ -125,3 +125,21 @@ def test_zen_cpu_runs_the_weights_it_first_saw_at_an_address(zen_checkpoint, mon
     assert torch.equal(kernel.run_experts(layer, hidden, logits), first)
     layer.experts.w13_weight = torch.nn.Parameter(flipped.clone(), requires_grad=False)
     assert not torch.equal(kernel.run_experts(layer, hidden, logits), first)
+
+
+def test_the_suite_case_turns_red_in_a_child_process_with_gate_and_up_swapped(zen_checkpoint, pytester):
+    """The same fault installed in a child pytest process (a plugin it loads before vLLM builds any layer): the
+    cpu tier's own layer_numerics case fails, naming the cell, the backend and the numbers."""
+    pytester.makepyfile(qm_gate_up_swapped=f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import pytest
+        from numerics_bugs import swap_gate_up
+        swap_gate_up(pytest.MonkeyPatch())
+    """)
+    result = pytester.runpytest_subprocess(str(ROOT / "suites" / "test_layers.py"), f"--rootdir={ROOT}",
+                                           "-p", "qm_gate_up_swapped", "-p", "no:cacheprovider", "-n", "0",
+                                           "-k", f"layer_numerics and {ZEN} and sm121")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{ZEN}@sm121-default layer_numerics: vLLM's MoE output strays*",
+                                 "*ZEN_CPU on host: cosine 0.7*"])
