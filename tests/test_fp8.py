@@ -32,6 +32,28 @@ def test_quantize_round_trips_within_e4m3_precision(granularity, shape):
     assert ((back - w).abs() <= w.abs() * 2**-4 + 1e-3).all()
 
 
+@pytest.mark.parametrize(("granularity", "family"), [("tensor", "fp8"), ("channel", "fp8"), ("block", "fp8_block")])
+def test_dequant_logits_decodes_with_vllms_scaled_dequantize_as_the_factory_encoded(granularity, family):
+    """dequant_logits' FP8 decode (vLLM's scaled_dequantize, a ragged block edge padded) gives back exactly the
+    factory's own decode of every layout; a block grid read transposed does not."""
+    from quantmatrix.checkpoints.lint import Declared
+    from quantmatrix.measure import dequant
+
+    w = torch.randn(300, 200, generator=torch.Generator().manual_seed(1))
+    scale = fp8.weight_scale(w, granularity)
+    q = fp8.quantize(w, scale)
+    leaf = "weight_scale_inv" if family == "fp8_block" else "weight_scale"
+    d = Declared("fp8", "fp8_dynamic", "", (), family=family)
+    state = dequant._fp8_state(Path("ck"), d, {"m.weight": q, f"m.{leaf}": scale})
+    assert torch.equal(state["m.weight"], fp8.dequantize(q, scale, torch.bfloat16))
+    if family == "fp8_block":
+        square = fp8.weight_scale(torch.randn(256, 256, generator=torch.Generator().manual_seed(2)) *
+                                  torch.tensor([[1.0], [50.0]]).repeat_interleave(128, 0), "block")
+        wq = fp8.quantize(torch.ones(256, 256), square)
+        flipped = dequant._fp8_state(Path("ck"), d, {"m.weight": wq, f"m.{leaf}": square.T.contiguous()})
+        assert not torch.equal(flipped["m.weight"], fp8.dequantize(wq, square, torch.bfloat16))
+
+
 def test_block_scale_is_each_blocks_amax_over_448():
     w = torch.zeros(256, 256)
     w[200, 10] = 448.0 * 3

@@ -1,7 +1,8 @@
 """The model a checkpoint's files decode to, and how far its logits stray from the bf16 model it was quantized
 from: the measurement behind dequant_logits (checks.checkpoint judges it against the stated bounds). The packed
-weights are decoded by vLLM's own dequantization (adapter.nvfp4) or, for integer weight-only exports, unpacked by
-vLLM's own packing helpers (adapter.wna16) and decoded by the format's arithmetic, never by the factory's unpack."""
+weights are decoded by vLLM's own dequantization (adapter.nvfp4, adapter.fp8) or, for integer weight-only exports,
+unpacked by vLLM's own packing helpers (adapter.wna16) and decoded by the format's arithmetic, never by the
+factory's unpack."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from quantmatrix.checkpoints.lint_wna16 import WNA16
 
 # Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
 INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
+# FP8 scheme modules -> the weight block their scale covers (None: per tensor or per output channel).
+FP8_BLOCKS: dict[str, tuple[int, int] | None] = {"fp8": None, "fp8_block": (128, 128)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,8 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
         tensors.update(load_file(file))
     if d.weights is not None:
         return _wna16_state(checkpoint_dir, d, tensors)
+    if d.family in FP8_BLOCKS:
+        return _fp8_state(checkpoint_dir, d, tensors)
     names = producers.leaves(producer, SCHEME)
     state = {}
     for name, t in tensors.items():
@@ -59,6 +64,28 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
             state[f"{module}.weight"] = vllm_nvfp4.dequantize(t, tensors[block_scale], scale_2,
                                                               torch.bfloat16)
         elif leaf not in producers.quantized_leaves(SCHEME):
+            state[name] = t
+    return state
+
+
+def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The bf16 state of an FP8 export: every F8_E4M3 weight times its weight scale (per tensor, per channel or per
+    128x128 block) by vLLM's scaled_dequantize (adapter.fp8); activation scales dropped (they scale inputs)."""
+    import torch
+
+    from quantmatrix.adapter import fp8 as vllm_fp8
+
+    names, skip = producers.leaves(d.producer, d.family), producers.quantized_leaves(d.family)
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == names["weight"] and t.dtype == torch.float8_e4m3fn:
+            scale = tensors.get(f"{module}.{names['block_scale']}")
+            if scale is None:
+                raise ValueError(f"{checkpoint_dir}: {name} is FP8 but {module}.{names['block_scale']} is missing: "
+                                 "the lint names it; this check cannot decode the weight")
+            state[f"{module}.weight"] = vllm_fp8.dequantize(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
+        elif leaf not in skip:
             state[name] = t
     return state
 
