@@ -2,6 +2,7 @@
 every rank of the cell's parallel layout; on the GPU, what the selected kernel really reads."""
 
 from quantmatrix.checks import ranks
+from quantmatrix.checks.numerics import numerics_verdict
 from quantmatrix.checks.observed_reads import observed_reads_verdict
 
 
@@ -33,3 +34,9 @@ def test_observed_reads(case, observed_reads, matrix, judge):
     """On the cell's GPU, the tensor roles whose poisoning (NaN) changes the layer's output are exactly the roles
     the matrix says the selected backend reads."""
     judge(observed_reads_verdict, case, observed_reads, matrix.moe_backends)
+
+
+def test_layer_numerics(case, layer_numerics, judge):
+    """vLLM's MoE experts, on every backend its oracle picks or its override can force on the cell's arch, stay
+    within the matrix's cosine and relative-error bounds of the bf16 MoE the same files decode to."""
+    judge(numerics_verdict, case, layer_numerics)

@@ -66,6 +66,9 @@ LOGIT_REL_ERROR, TOP1_AGREEMENT = "logit_rel_error", "top1_agreement"
 UNLOADED_UNREAD, AUDIT_NOTES = "unloaded_unread", "audit_notes"
 QUANT_CONFIG, ACTIVATION_SCALES_KEPT = "quant_config", "activation_scales_kept"
 STAND_INS = "stand_ins"  # CUDA-only kernels a conversion on this host ran stand-ins for (adapter.standins)
+# layer_numerics: each backend run against the dequantized reference (`BACKEND on WHERE: cos C rel R`), the ones
+# whose kernel needs the gpu tier, and the overrides vLLM refused on the cell's arch
+NUMERICS_RUNS, NUMERICS_GPU_TIER, NUMERICS_REFUSED = "numerics_runs", "numerics_gpu_tier", "numerics_refused"
 OBSERVED_READS, DECLARED_READS, ROLES_HELD = "observed_reads", "declared_reads", "roles_held"
 # a parallel layout's ranks (checks.ranks): which experts each holds, how many slots matched the reference split,
 # slots no rule places, a liberty the ranks' builds took (adapter.parallel), vLLM's refusal of an impossible layout

@@ -105,3 +105,59 @@ def forward(layer: MoELayer, hidden: Any) -> Any:
     with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without), \
             set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]):
         return layer.block(hidden)
+
+
+def route(layer: MoELayer, router_logits: Any) -> tuple[Any, Any]:
+    """The top-k expert weights and ids the layer's router settings give `router_logits` (tokens x experts):
+    softmax in fp32, top-k, renormalized where the layer renormalizes. A router quantmatrix cannot restate (grouped
+    top-k, another scoring function, a scaling factor) is a vLLM or model it has not been taught."""
+    import torch
+
+    ex = layer.experts
+    settings = {n: getattr(ex, n, None) for n in ("top_k", "renormalize", "scoring_func", "use_grouped_topk",
+                                                  "routed_scaling_factor", "custom_routing_function")}
+    if (settings["scoring_func"] != "softmax" or settings["use_grouped_topk"] or settings["custom_routing_function"]
+            or settings["routed_scaling_factor"] != 1.0 or not isinstance(settings["top_k"], int)):
+        raise AdapterMismatch(f"RoutedExperts routes as {settings}: quantmatrix/adapter/kernel.py restates only "
+                              "softmax top-k routing")
+    weights, ids = torch.topk(torch.softmax(router_logits.float(), dim=-1), settings["top_k"], dim=-1)
+    if settings["renormalize"]:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def run_experts(layer: MoELayer, hidden: Any, router_logits: Any) -> Any:
+    """Convert a loaded layer into kernel format, then run vLLM's routed experts on `hidden` (tokens x hidden
+    size) for `router_logits`: a modular kernel is handed the routing `route` computes, a monolithic one (it routes
+    itself) the logits. The router's own linear layer is left out, so the routing is exactly the caller's."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    convert(layer)
+    ex = layer.experts
+    with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without), \
+            set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]), torch.no_grad():
+        if ex.quant_method.is_monolithic:
+            out = ex.forward_monolithic(hidden, router_logits.to(hidden.dtype))
+        else:
+            weights, ids = route(layer, router_logits)
+            out = ex.forward_modular(hidden, weights, ids.to(torch.int32))
+    if not isinstance(out, torch.Tensor):
+        raise AdapterMismatch(f"RoutedExperts returned {type(out).__name__}, not a tensor: update "
+                              "quantmatrix/adapter/kernel.py")
+    return out
+
+
+def expert_projections(layer: MoELayer) -> tuple[str, str, str]:
+    """The checkpoint's names of each expert's gate, up and down projections (`gate_proj`, `w1`, ...), as the layer
+    loads them; a layer whose experts are not SiLU-gated (act(gate) * up, then down) is not one quantmatrix's
+    reference restates."""
+    ex = layer.experts
+    names = (getattr(ex, "ckpt_gate_proj_name", None), getattr(ex, "ckpt_up_proj_name", None),
+             getattr(ex, "ckpt_down_proj_name", None))
+    activation = getattr(getattr(ex, "activation", None), "value", None)
+    if None in names or activation != "silu" or not getattr(ex.moe_config, "is_act_and_mul", False):
+        raise AdapterMismatch(f"RoutedExperts projections {names}, activation {activation!r}: quantmatrix/adapter/"
+                              "kernel.py restates only SiLU-gated experts")
+    return names  # type: ignore[return-value]

@@ -108,8 +108,9 @@ def prepare(checkpoint_dir: Path) -> Any:
     return config.model_config(checkpoint_dir)
 
 
-def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
-    """Build the MoE block vLLM's model class builds for this checkpoint; call inside simulate.simulate."""
+def build_moe_layer(model_config: Any, layer_index: int = 0, moe_backend: str = "auto") -> MoELayer:
+    """Build the MoE block vLLM's model class builds for this checkpoint; call inside simulate.simulate.
+    `moe_backend`: vLLM's own backend override (its `--moe-backend`), "auto" for the oracle's choice."""
     import importlib
 
     import torch
@@ -123,8 +124,9 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
     module, cls_name, sub = spec
     block_cls = getattr(importlib.import_module(module), cls_name)
     prefix = f"model.layers.{layer_index}.{sub}"
+    forced = {} if moe_backend == "auto" else {"kernel_config": _kernel_config(moe_backend)}
     vllm_config = parallel.adopt(VllmConfig(model_config=model_config, device_config=DeviceConfig(device="cpu"),
-                                            load_config=LoadConfig()))
+                                            load_config=LoadConfig(), **forced))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
         if cls_name == "MixtralMoE":
             block = block_cls(num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
@@ -139,6 +141,18 @@ def build_moe_layer(model_config: Any, layer_index: int = 0) -> MoELayer:
     reading = families.read(method, _method_weight_only)
     return MoELayer(block, experts, prefix + ".", type(method).__name__, reading.backend, reading.weight_only,
                     vllm_config, experts.moe_config.num_experts, scheme=reading.scheme)
+
+
+def _kernel_config(moe_backend: str) -> Any:
+    """vLLM's own MoE backend override (KernelConfig.moe_backend, `--moe-backend`); only asked for when forcing, so
+    a release without it still builds the oracle's choice."""
+    try:
+        from vllm.config import KernelConfig
+
+        return KernelConfig(moe_backend=moe_backend)
+    except (ImportError, TypeError) as e:
+        raise AdapterMismatch(f"vLLM has no KernelConfig(moe_backend=...) ({e}): update quantmatrix/adapter/"
+                              "layers.py") from e
 
 
 def moe_layer_indices(model_config: Any) -> list[int]:
@@ -206,12 +220,14 @@ class LayerBuild:
     simulated_without: tuple[str, ...] = ()  # optional kernel packages hidden from vLLM for this build
 
 
-def build(checkpoint_dir: Path, capability: tuple[int, int], every_layer: bool = False) -> LayerBuild:
-    """vLLM's own MoE block for the checkpoint (the first, or every one), built as on `capability`."""
+def build(checkpoint_dir: Path, capability: tuple[int, int] | None, every_layer: bool = False,
+          moe_backend: str = "auto") -> LayerBuild:
+    """vLLM's own MoE block for the checkpoint (the first, or every one), built as on `capability` (None: on this
+    host's own platform, unsimulated), with the backend vLLM's oracle picks or the one `moe_backend` forces."""
     try:
         model_config = prepare(checkpoint_dir)
         indices = moe_layer_indices(model_config)
-        layers = _simulated_build(model_config, capability, indices if every_layer else indices[:1])
+        layers = _simulated_build(model_config, capability, indices if every_layer else indices[:1], moe_backend)
         return LayerBuild(layers[0], None, layers, layers[0].simulated_without)
     except AdapterMismatch:
         raise
@@ -219,15 +235,17 @@ def build(checkpoint_dir: Path, capability: tuple[int, int], every_layer: bool =
         return LayerBuild(None, config.reason(e), simulated_without=simulate.unusable())
 
 
-def _simulated_build(model_config: Any, capability: tuple[int, int], indices: list[int]) -> list[MoELayer]:
+def _simulated_build(model_config: Any, capability: tuple[int, int] | None, indices: list[int],
+                     moe_backend: str = "auto") -> list[MoELayer]:
     """The layers built under the simulated capability. An optional kernel package whose own code raised (it
     cannot initialise here) is hidden from vLLM and the build repeated, so the backend is vLLM's choice without it."""
     _ensure_distributed(model_config)
     while True:
         hidden = simulate.unusable()
         try:
-            with simulate.simulate(capability), simulate.without(hidden), _recording_use_a16():
-                built = [build_moe_layer(model_config, i) for i in indices]
+            platform = simulate.simulate(capability) if capability is not None else contextlib.nullcontext()
+            with platform, simulate.without(hidden), _recording_use_a16():
+                built = [build_moe_layer(model_config, i, moe_backend) for i in indices]
         except Exception as e:
             package = simulate.implicated(e)
             if package is None or package in hidden:

@@ -26,6 +26,7 @@ from quantmatrix.host.probe import Seen
 from quantmatrix.measure.dequant import LogitError
 from quantmatrix.measure.hf import HfGreedy
 from quantmatrix.measure.loaded import AuditReport
+from quantmatrix.measure.numerics import BackendRun
 from quantmatrix.measure.observed import Observation
 from quantmatrix.measure.ranked import Ranked
 from quantmatrix.pytest_plugin import gates
@@ -248,6 +249,31 @@ def kernel_format(cell: Cell, checkpoint_dir: Path, kernel_layer: layers.LayerBu
         return kernel.kernel_format(layer)
 
     return quantmatrix_session.once(("kernel_format", checkpoint_dir, cell.arch.name), run)
+
+
+@pytest.fixture
+def layer_numerics(cell: Cell, checkpoint_dir: Path, vllm_importable: None, matrix: Matrix,
+                   quantmatrix_session: Session) -> list[BackendRun]:
+    """vLLM's MoE experts against the bf16 reference the checkpoint's files decode to: the oracle's pick on this
+    host's own platform (once per checkpoint), then on the cell's simulated arch the oracle's pick and every
+    override word the scheme's read-sets name (once per checkpoint and arch). [] where vLLM refuses the config."""
+    from quantmatrix.adapter import families
+    from quantmatrix.measure import numerics
+
+    scheme = cell.checkpoint.expectation("resolves_to")
+    if scheme == "rejected":
+        return []
+    session = quantmatrix_session
+    quantized = scheme != "unquantized"
+    state = session.once(("dequantized_state" if quantized else "tensors", checkpoint_dir),
+                         lambda: numerics.reference_state(checkpoint_dir, quantized))
+    host = session.once(("numerics_host", checkpoint_dir),
+                        lambda: numerics.run(checkpoint_dir, None, "auto", numerics.HOST, state))
+    backends = matrix.moe_backends
+    words = [w for n in families.read_sets(scheme, backends) or () if (w := backends[n].override)]
+    arch = cell.arch
+    return [host, *session.once(("numerics", checkpoint_dir, arch.name), lambda: numerics.measure(
+        checkpoint_dir, arch.capability, arch.name, words, state))]
 
 
 @pytest.fixture

@@ -31,13 +31,15 @@ def parse(doc: Doc, nodes: tuple[yaml.Node, ...]) -> dict[str, MoeBackend]:
                                         required=False, default=False),
             "kernel_alphas": Field(as_bool, "its fused-MoE quant config carries g1_alphas/g2_alphas (default true)",
                                    required=False, default=True),
+            "override": Field(as_text, "the word vLLM's backend override (--moe-backend) forces it with "
+                              "(layer_numerics forces each in turn); absent: vLLM offers none", required=False),
             "label": Field(limits.text_at_most(limits.LABEL_CHARS, "a label"), "what it is"),
         })
         if r["name"] in seen:
             raise doc.error(r["@name"], f"duplicate MoE backend {r['name']!r} (already defined at {seen[r['name']]})")
         seen[r["name"]] = doc.where(r["@name"])
         backends[r["name"]] = MoeBackend(r["name"], frozenset(r["reads"]), r["single_input_scale"], r["label"],
-                                         r["kernel_alphas"])
+                                         r["kernel_alphas"], r["override"])
     return backends
 
 

@@ -12,7 +12,7 @@ import yaml
 from quantmatrix import bounded
 from quantmatrix.schema import e2e, synthetic
 from quantmatrix.schema.limits import ID_CHARS, NAME_CHARS
-from quantmatrix.schema.model import PerArch, Selector, Source, TensorFinding
+from quantmatrix.schema.model import NumericsBounds, PerArch, Selector, Source, TensorFinding
 from quantmatrix.schema.vocab import (
     ACTIVATION_SCALES,
     AUDIT_FAILURES,
@@ -22,7 +22,7 @@ from quantmatrix.schema.vocab import (
     bad_hub_repo,
     bad_hub_revision,
 )
-from quantmatrix.schema.yamldoc import Doc, Field, as_bool, as_text, list_of, matching, one_of, show
+from quantmatrix.schema.yamldoc import Doc, Field, as_bool, as_text, fraction, list_of, matching, one_of, positive, show
 
 # Marks pytest itself owns: an axis value with one of these names would change test behaviour.
 _RESERVED_MARKERS = {"skip", "skipif", "xfail", "parametrize", "usefixtures", "filterwarnings", "tryfirst",
@@ -155,6 +155,13 @@ def finding_item(codes: tuple[str, ...]) -> Callable[[Doc, yaml.Node, str], str 
     return item
 
 
+def numerics_bounds(doc: Doc, node: yaml.Node, what: str) -> NumericsBounds:
+    rec = doc.record(node, what, {
+        "min_cosine": Field(fraction, "least cosine similarity of the layer's output with the reference"),
+        "max_rel_error": Field(positive, "largest ||output - reference|| / ||reference||")})
+    return NumericsBounds(rec["min_cosine"], rec["max_rel_error"])
+
+
 EXPECT_FIELDS: dict[str, Field] = {
     "quant_method": Field(as_text, "the vLLM quantization method that must claim the checkpoint", required=False),
     "resolves_to": Field(one_of(RESOLUTIONS), "what config-level resolution must decide", required=False),
@@ -178,6 +185,8 @@ EXPECT_FIELDS: dict[str, Field] = {
                          "fails on any other set", required=False),
     "dequant_strays": Field(as_bool, "true for an export whose files must decode to a model beyond "
                             "dequant_logits' bound (a layout fault no header shows)", required=False),
+    "numerics": Field(numerics_bounds, "layer_numerics' bounds on vLLM's MoE output against the dequantized bf16 "
+                      "reference: {min_cosine, max_rel_error}", required=False),
     **e2e.EXPECT_FIELDS,
 }
 

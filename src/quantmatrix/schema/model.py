@@ -75,10 +75,19 @@ class MoeBackend:
     single_input_scale: bool
     label: str
     kernel_alphas: bool = True  # its fused-MoE quant config carries g1/g2 alphas (HUMMING keeps its own)
+    override: str | None = None  # the word vLLM's backend override (--moe-backend) forces it with; None: none does
 
     @property
     def reads_activation_scales(self) -> bool:
         return "input_scale" in self.reads
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericsBounds:
+    """layer_numerics' bounds: vLLM's MoE output against the dequantized bf16 reference of the same weights."""
+
+    min_cosine: float
+    max_rel_error: float
 
 
 class PerArch(dict):
