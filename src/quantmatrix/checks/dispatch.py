@@ -40,9 +40,11 @@ _CONSEQUENCE.update({
     ("fp8_block", "fp8_dynamic"): "128x128 block scales would be read as per-tensor or per-channel scales",
     ("fp8_dynamic", "fp8_block"): "per-tensor or per-channel weight scales would be read as a 128x128 block grid",
     ("fp8_static", "fp8_block"): "per-tensor weight scales would be read as a 128x128 block grid",
+    ("mxfp4", "unquantized"): "packed MXFP4 blocks and E8M0 scales would be loaded into bf16 layers",
 })
 _SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "fp8_static": "static-activation FP8",
-                 "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "unquantized": "unquantized",
+                 "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "mxfp4": "MXFP4",
+                 "unquantized": "unquantized",
                  "rejected": "a rejected"}
 
 
