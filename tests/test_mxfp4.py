@@ -5,6 +5,8 @@ vLLM's loader reads, and the lint's findings on hand-broken exports."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from quantmatrix.adapter.declared import declare
 from quantmatrix.checkpoints import lint, store
 from quantmatrix.checkpoints.schemes import mxfp4
 from quantmatrix.schema.synthetic import SyntheticSpec
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_factory_decoder_is_vllms_for_every_code_and_scale():
@@ -77,3 +81,29 @@ def test_the_lint_names_a_short_grid_and_out_of_range_scales(tmp_path):
 def test_mxfp4_is_gpt_oss_only():
     assert "no mxfp4 layout" in SyntheticSpec("mxfp4", "mxfp4").problem()
     assert SyntheticSpec("none", "bf16", model="gpt_oss").problem() is None
+
+
+def _dequant_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, cache: Path,
+                 *plugins: str) -> pytest.RunResult:
+    """The cpu tier's MXFP4 dequant_logits cases (sm121: the healthy export; the malformed ones are not decoded),
+    in a child pytest."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(cache))
+    return pytester.runpytest_subprocess(str(ROOT / "suites" / "test_checkpoints.py"), f"--rootdir={ROOT}",
+                                         "-p", "no:cacheprovider", *plugins, "-m", "sm121 and default",
+                                         "-k", "gptoss and dequant_logits", "-rA")
+
+
+def test_mxfp4_scales_read_transposed_turn_the_cpu_tier_red(pytester, monkeypatch, tmp_path_factory):
+    """vLLM with its E8M0 scale grid read transposed (tests/mxfp4_bug.py): dequant_logits fails on the healthy
+    export, naming the logit error; unchanged vLLM passes the same cases."""
+    cache = tmp_path_factory.mktemp("qm-cache")
+    clean = _dequant_run(pytester, monkeypatch, cache)
+    assert clean.parseoutcomes() == {"passed": 1, "deselected": clean.parseoutcomes().get("deselected")}, \
+        clean.outlines[-20:]
+    buggy = _dequant_run(pytester, monkeypatch, cache, "-p", "mxfp4_bug")
+    failed = [line.split(" - ")[0] for line in buggy.outlines if line.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].endswith("::test_dequant_logits[gptoss-tiny-mxfp4@sm121-default]"), \
+        buggy.outlines[-20:]
+    buggy.stdout.fnmatch_lines(["*dequantized model strays from bf16: logit relative error*"])
