@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from quantmatrix.adapter import families
 from quantmatrix.adapter import mxfp4 as vllm_mxfp4
 from quantmatrix.adapter.declared import declare
 from quantmatrix.checkpoints import lint, store
 from quantmatrix.checkpoints.schemes import mxfp4
+from quantmatrix.schema.backends import package_backends
 from quantmatrix.schema.synthetic import SyntheticSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,3 +110,17 @@ def test_mxfp4_scales_read_transposed_turn_the_cpu_tier_red(pytester, monkeypatc
     assert len(failed) == 1 and failed[0].endswith("::test_dequant_logits[gptoss-tiny-mxfp4@sm121-default]"), \
         buggy.outlines[-20:]
     buggy.stdout.fnmatch_lines(["*dequantized model strays from bf16: logit relative error*"])
+
+
+@pytest.mark.parametrize(("backend", "weight_only"), [("MARLIN", True), ("FLASHINFER_TRTLLM_MXFP4_BF16", True),
+                                                      ("FLASHINFER_TRTLLM_MXFP4_MXFP8", False),
+                                                      ("CUTLASS_MXFP4_MXFP4", False)])
+def test_the_mxfp4_method_reads_as_its_backend_s_read_set(backend, weight_only):
+    """GptOssMxfp4MoEMethod's backend enum names an MXFP4_* read-set the package describes; the MXFP8 / MXFP4
+    activation backends quantize activations themselves (not weight-only), the others run them bf16."""
+    method = type("GptOssMxfp4MoEMethod", (), {"mxfp4_backend": types.SimpleNamespace(value=backend)})()
+    reading = families.read(method, lambda m: True)
+    assert reading == families.Reading("mxfp4", f"MXFP4_{backend}", weight_only)
+    names = families.read_sets("mxfp4", package_backends())
+    assert reading.backend in names and all(n.startswith("MXFP4_") for n in names) and len(names) == 11
+    assert package_backends()[reading.backend].reads == {"weight", "block_scale"}

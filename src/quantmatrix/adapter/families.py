@@ -80,7 +80,7 @@ _MXFP4_QUANTIZED_ACTIVATIONS = ("_MXFP8", "MXFP4_MXFP4", "MXFP4_FP8", "DEEPGEMM_
 def _mxfp4(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     """GptOssMxfp4MoEMethod: the `mxfp4_backend` enum, its read-set MXFP4_<backend> (MXFP4_MARLIN, ...)."""
     backend = _enum_name(getattr(method, "mxfp4_backend", None))
-    quantized = any(backend.endswith(s) or s in backend for s in _MXFP4_QUANTIZED_ACTIVATIONS)
+    quantized = any(s in backend for s in _MXFP4_QUANTIZED_ACTIVATIONS)
     return Reading("mxfp4", READ_SET_PREFIX["mxfp4"] + backend, not quantized)
 
 
