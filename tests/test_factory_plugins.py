@@ -52,7 +52,8 @@ def test_every_registered_producer_keeps_the_protocol(name):
 @pytest.mark.parametrize("name", sorted(factory.SCHEMES))
 def test_every_registered_scheme_has_an_encoder_and_a_producer(name):
     spec = SyntheticSpec(producer=next(p for p, d in factory.PRODUCERS.items()
-                                       if factory.SCHEMES[name].module in d.writes), scheme=name)
+                                       if factory.SCHEMES[name].module in d.writes), scheme=name,
+                         model=factory.SCHEMES[name].models[0])
     assert spec.problem() is None
     assert callable(schemes.scheme(spec).encode)
 

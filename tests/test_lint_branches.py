@@ -159,7 +159,7 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
     ({"quant_method": "fp8", "activation_scheme": "per-token"}, None, "config.json: fp8 activation_scheme "
                                                                       "'per-token' is neither static nor dynamic"),
     ({"quant_method": "bitsandbytes"}, None, "config.json: quant_method 'bitsandbytes' is none of modelopt, "
-                                             "compressed-tensors, fp8, gptq, awq"),
+                                             "compressed-tensors, fp8, gptq, awq, mxfp4"),
     ({**NVFP4, "ignore": "lm_head"}, None, "config.json: the ignore list must be a list of strings, got lm_head"),
     ({**NVFP4, "ignore": [1]}, None, "config.json: the ignore list must be a list of strings, got [1]"),
     ({**NVFP4, "ignore": "x" * 100}, None, f"config.json: the ignore list must be a list of strings, got {'x' * 80}"),

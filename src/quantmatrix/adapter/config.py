@@ -17,14 +17,18 @@ QUANT_MODULES = (
     "vllm.model_executor.layers.quantization.modelopt",
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors",
     "vllm.model_executor.layers.quantization.fp8",
+    "vllm.model_executor.layers.quantization.mxfp4",
 )
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
            *QUANT_MODULES, *mixed.MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
-METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8")
+METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8", "gpt_oss_mxfp4")
 # vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the
 # attributes that name the variant they resolved to.
 _WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
+# vLLM's MXFP4 configs (0.32: quantization/mxfp4.py; gpt-oss's `quant_method: mxfp4` resolves to gpt_oss_mxfp4 when
+# the model_type is gpt_oss). One scheme whatever the arch: the MoE backend decides bf16 or MXFP8 activations.
+_MXFP4_CONFIGS = ("GptOssMxfp4Config", "Mxfp4Config")
 
 # ModelOpt configs carry the scheme in `quant_method` (a ModelOpt quant_algo string), one table for the config
 # files and vLLM's resolved configs (adapter.declared): the NVFP4 algos, and the FP8 ones (ModelOptFp8Config).
@@ -166,6 +170,8 @@ def classify(config: Any) -> tuple[str, str]:
         if quant_type is None or group is None:
             raise AdapterMismatch(f"{name} has no quant_type / group_size: update quantmatrix/adapter/config.py")
         return f"{_WNA16_CONFIGS[name]} {quant_type} group_size {group}", "weight_only"
+    if name in _MXFP4_CONFIGS:
+        return f"{config.get_name()} (E2M1 blocks of 32, E8M0 scales)", "mxfp4"
     if name == "CompressedTensorsConfig":
         scheme_map = getattr(config, "target_scheme_map", None)
         if not isinstance(scheme_map, dict):

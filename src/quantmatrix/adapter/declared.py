@@ -15,6 +15,7 @@ legacy hf_quant_config.json, and decides:
   activations (`pack-quantized`, the W4AFP8 preset) W4A8 FP8 (CompressedTensorsConfig._is_dynamic_token_w8a8,
   _is_fp8_w4a8).
 - fp8 (Fp8Config): `weight_block_size` is block-wise FP8, else `activation_scheme` static or dynamic.
+- mxfp4 (gpt-oss): MXFP4 experts; Mxfp4Config.from_config reads no other key (not `modules_to_not_convert`).
 - GPTQ / AWQ (`quant_method` gptq / awq): integer weight-only, `bits`, `group_size` (-1: channel-wise), GPTQ's
   `desc_act` (activation order) and `sym`, AWQ's `zero_point`.
 Pure data in, data out: no vLLM import, so the lint reads a checkpoint with no vLLM installed.
@@ -45,6 +46,7 @@ FP8_FAMILIES = {"fp8_static": "fp8", "fp8_dynamic": "fp8", "fp8_block": "fp8_blo
 # (resolves_to word, scheme module whose tensors it holds, the format that stores them)
 INT_ACT_SCHEMES = {(8, "int", 8): ("w8a8_int8", "int8", CT_INT_FORMAT),
                    (4, "float", 8): ("w4a8_fp8", "w4a8", CT_WNA16_FORMAT)}
+MXFP4_METHOD = "mxfp4"  # gpt-oss's quant_method: MXFP4 experts, the config names nothing else vLLM reads
 WNA16_METHODS = ("gptq", "awq")  # quant_methods that are integer weight-only whatever their other keys say
 
 
@@ -256,6 +258,8 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
             "unquantized" if not groups else "w4a4" if any(quantized) else "weight_only")
         return Declaration(producer, scheme, None, fmt if isinstance(fmt, str) else None, acts, shape,
                            any(quantized) and not all(quantized))
+    if producer == MXFP4_METHOD:  # vLLM's Mxfp4Config reads nothing else of the config
+        return Declaration(producer, "mxfp4", None, None, acts, shape, family="mxfp4")
     # no method at all: vLLM finds no quantization config and builds every layer unquantized
     return Declaration(producer, "unquantized" if producer == "none" else None, None, None, acts, shape)
 

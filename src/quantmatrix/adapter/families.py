@@ -91,11 +91,24 @@ def _wna16(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return Reading("weight_only", READ_SET_PREFIX["wna16"] + _enum_name(backend), True)
 
 
+# MXFP4 backends (vLLM 0.32 fused_moe/oracle/mxfp4.py Mxfp4MoeBackend) that quantize the activations themselves
+# (MXFP8, MXFP4 or FP8); every other one runs them bf16
+_MXFP4_QUANTIZED_ACTIVATIONS = ("_MXFP8", "MXFP4_MXFP4", "MXFP4_FP8", "DEEPGEMM_MXFP4")
+
+
+def _mxfp4(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """GptOssMxfp4MoEMethod: the `mxfp4_backend` enum, its read-set MXFP4_<backend> (MXFP4_MARLIN, ...)."""
+    backend = _enum_name(getattr(method, "mxfp4_backend", None))
+    quantized = any(s in backend for s in _MXFP4_QUANTIZED_ACTIVATIONS)
+    return Reading("mxfp4", READ_SET_PREFIX["mxfp4"] + backend, not quantized)
+
+
 # resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
 # name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
 READ_SET_PREFIX: dict[str, str | None] = {
     "weight_only": "", "w4a4": "",
     "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_", "w8a8_int8": "INT8_",
+    "mxfp4": "MXFP4_",
     "unquantized": None,
     # integer weight-only resolves to weight_only too; its read-sets are a family apart (read_set_word)
     "wna16": "WNA16_",
@@ -131,6 +144,7 @@ READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "Fp8MoEMethod": _fp8_hf,
     "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
     "CompressedTensorsW8A8Int8MoEMethod": _int8_ct,
+    "GptOssMxfp4MoEMethod": _mxfp4,
     "UnquantizedFusedMoEMethod": _unquantized,
     "AutoGPTQMoEMethod": _wna16,
     "AutoAWQMoEMethod": _wna16,

@@ -19,6 +19,7 @@ from quantmatrix.errors import AdapterMismatch
 _MOE_BLOCKS = {
     "qwen3_moe": ("vllm.model_executor.models.qwen3_moe", "Qwen3MoeSparseMoeBlock", "mlp"),
     "mixtral": ("vllm.model_executor.models.mixtral", "MixtralMoE", "block_sparse_moe"),
+    "gpt_oss": ("vllm.model_executor.models.gpt_oss", "MLPBlock", "mlp"),
 }
 _PRE_IMPORTS = (
     *config.QUANT_MODULES,
@@ -132,9 +133,12 @@ def build_moe_layer(model_config: Any, layer_index: int = 0, moe_backend: str = 
             block = block_cls(num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
                               hidden_size=hf.hidden_size, intermediate_size=hf.intermediate_size,
                               quant_config=vllm_config.quant_config, prefix=prefix)
+        elif cls_name == "MLPBlock":  # gpt-oss's block takes its layer index
+            block = block_cls(vllm_config=vllm_config, layer_idx=layer_index, prefix=prefix)
         else:
             block = block_cls(vllm_config=vllm_config, prefix=prefix)
-    experts = next((m for m in block.modules() if type(m).__name__ == "RoutedExperts"), None)
+    # RoutedExperts or a model's own subclass of it (gpt-oss: GptOssRoutedExperts)
+    experts = next((m for m in block.modules() if "RoutedExperts" in {c.__name__ for c in type(m).__mro__}), None)
     if experts is None:
         raise AdapterMismatch(f"{cls_name} holds no RoutedExperts module: the MoE layer API moved")
     method = experts.quant_method

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 
-_FUSED_PREFIX = re.compile(r"w(13|2)_")
+# vLLM's fused expert prefixes, and the fused projections a gpt-oss checkpoint names its tensors after
+_FUSED_PREFIX = re.compile(r"w(13|2)_|(gate_up|down)_proj_")
 
 
 def leaf(param_name: str) -> str:
     """The checkpoint leaf a parameter name carries: its last component, less a fused expert prefix
-    (`w13_weight_scale` -> `weight_scale`)."""
+    (`w13_weight_scale` -> `weight_scale`, gpt-oss's `gate_up_proj_scales` -> `scales`)."""
     last = param_name.rsplit(".", 1)[-1]
     m = _FUSED_PREFIX.match(last)
     return last[m.end():] if m else last

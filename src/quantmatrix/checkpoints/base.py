@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from quantmatrix.checkpoints import gpt_oss
 from quantmatrix.checkpoints.configs import plain_files
 from quantmatrix.errors import QuantmatrixError
 
@@ -105,6 +106,8 @@ def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> torch.T
 def bf16_tensors(model: str, config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """HF-named bf16 state dict. Linear weights have std 1/sqrt(fan_in) (not HF's 0.02) so activations, and
     with them the greedy output and the quantization error, are not drowned in the residual stream."""
+    if model == gpt_oss.MODEL:
+        return gpt_oss.tensors(config, functools.partial(_normal, seed))
     d = dims(config)
     lay = LAYOUTS[model]
     t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _normal(seed, "embed", (d.vocab, d.hidden), 1.0)}
@@ -204,9 +207,18 @@ def in_memory(model: str, config: dict[str, Any], tensors: dict[str, torch.Tenso
     reading of the layout (transformers 5 keeps each layer's experts fused: `mlp.experts.gate_up_proj[e]` =
     [gate; up], `mlp.experts.down_proj[e]`), never saved: hf_reference holds the files on disk, loaded through
     from_pretrained and its checkpoint conversion, against this. A tensor left over or a parameter left unset
-    is an error."""
+    is an error. gpt-oss is stored fused already: its tensors are the state dict as they are."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    state = dict(tensors) if model == gpt_oss.MODEL else _fused_state(model, tensors)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16,
+                                          attn_implementation="eager")
+    hf.load_state_dict(state, strict=True)
+    return hf.eval()
+
+
+def _fused_state(model: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' state dict of a per-expert family: each layer's experts stacked into its fused tensors."""
     lay = LAYOUTS[model]
     state: dict[str, torch.Tensor] = {}
     experts: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
@@ -224,10 +236,7 @@ def in_memory(model: str, config: dict[str, Any], tensors: dict[str, torch.Tenso
         state[f"{layer}.mlp.experts.down_proj"] = torch.stack([proj[lay.down][e] for e in range(n)])
     if experts:
         raise FactoryError(f"expert tensors of no {lay.gate}/{lay.up}/{lay.down} triple: {sorted(experts)}")
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.bfloat16,
-                                          attn_implementation="eager")
-    hf.load_state_dict(state, strict=True)
-    return hf.eval()
+    return state
 
 
 def encode(path_or_tokenizer: Path | dict[str, str], texts: list[str]) -> list[list[int]]:
@@ -332,7 +341,8 @@ def base(model: str, size: str, seed: int) -> Base:
     with tempfile.TemporaryDirectory(prefix="quantmatrix-base-") as tmp:
         write_hf(Path(tmp), files, tensors, tok)
         hf = load_hf(Path(tmp))
-        amax = _calibrate(hf, LAYOUTS[model], d, ids)
+        # gpt-oss's formats (MXFP4) have no static activation scales: nothing to calibrate
+        amax = {} if model == gpt_oss.MODEL else _calibrate(hf, LAYOUTS[model], d, ids)
         reference = {"prompts": prompts(), "input_ids": ids, "greedy_ids": greedy(hf, ids),
                      "recorded_with": {"transformers": transformers.__version__, "torch": torch.__version__}}
     return Base(model, config, tensors, tok, amax, reference)

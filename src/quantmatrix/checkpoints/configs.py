@@ -37,6 +37,8 @@ def model_config(model: str, size: str) -> dict[str, Any]:
         "hidden_act": "silu",
         "initializer_range": 0.02,
     }
+    if model == "gpt_oss":
+        return _gpt_oss(common, s)
     if model == "qwen3_moe":
         return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **common,
                 "intermediate_size": s["dense_ffn"], "moe_intermediate_size": s["expert_ffn"],
@@ -47,6 +49,19 @@ def model_config(model: str, size: str) -> dict[str, Any]:
             "sliding_window": None}
 
 
+def _gpt_oss(common: dict[str, Any], s: dict[str, int]) -> dict[str, Any]:
+    """gpt-oss in miniature: fused experts with biases, attention sinks and biases, a sliding window on every
+    other layer, yarn rope (vLLM's GptOssAttention reads its yarn parameters unconditionally; factor x original
+    length = max_position_embeddings, as transformers wants it)."""
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": common["max_position_embeddings"] // 4}
+    return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+            **{k: v for k, v in common.items() if k != "rope_theta"}, "intermediate_size": s["expert_ffn"],
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": rope, "attention_bias": True,
+            "swiglu_limit": 7.0, "router_aux_loss_coef": 0.0, "output_router_logits": False}
+
+
 def plain_files(model: str, size: str) -> dict[str, dict[str, Any]]:
     """File name -> JSON content of the config files of the model before any producer declares a quantization."""
     return {"config.json": model_config(model, size), "generation_config.json": dict(_GENERATION)}
@@ -54,7 +69,8 @@ def plain_files(model: str, size: str) -> dict[str, dict[str, Any]]:
 
 def excluded_modules(spec: SyntheticSpec) -> list[str]:
     """Modules left in bf16, as globs over HF module names (a producer rewrites them in its own pattern syntax)."""
-    router = "model.layers.*.mlp.gate" if spec.model == "qwen3_moe" else "model.layers.*.block_sparse_moe.gate"
+    router = {"qwen3_moe": "model.layers.*.mlp.gate", "gpt_oss": "model.layers.*.mlp.router"}.get(
+        spec.model, "model.layers.*.block_sparse_moe.gate")
     names = ["lm_head", router]
     if spec.quantize == "experts":
         names.append("model.layers.*.self_attn*")

@@ -8,6 +8,7 @@ import fnmatch
 
 import torch
 
+from quantmatrix.checkpoints.producers import role_of
 from quantmatrix.errors import MatrixError
 from quantmatrix.schema.synthetic import SyntheticSpec
 
@@ -36,8 +37,9 @@ def _omit(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def _corrupt(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
-    """zero / inf / nan overwrite every element; shape drops the last column (or doubles a scalar); dtype stores
-    the tensor as float8_e4m3fn."""
+    """zero / inf / nan overwrite every element (nan on a uint8 block scale: the byte 0xFF, E8M0's NaN, as an
+    MXFP4 scale holds it); shape drops the last column (or doubles a scalar); dtype stores the tensor as
+    float8_e4m3fn."""
     for pattern, fault in spec.corrupt_tensors:
         for name in _matching(pattern, tensors, "corrupt_tensors"):
             t = tensors[name]
@@ -50,9 +52,12 @@ def _corrupt(spec: SyntheticSpec, tensors: dict[str, torch.Tensor]) -> None:
                                       "floating scale as float8_e4m3fn")
                 tensors[name] = t.to(torch.float8_e4m3fn)
                 continue
+            if fault == "nan" and t.dtype == torch.uint8 and role_of(name) == "block_scale":
+                tensors[name] = torch.full_like(t, 0xFF)
+                continue
             if not t.is_floating_point() and fault != "zero":
                 raise MatrixError(f"synthetic.corrupt_tensors: {name} is {t.dtype}; a {fault} fault needs a "
-                                  "floating tensor (a scale); an integer one takes zero")
+                                  "floating tensor (a scale); an integer one takes zero (an E8M0 scale nan too)")
             if fault == "inf" and t.dtype == torch.float8_e4m3fn:
                 raise MatrixError(f"synthetic.corrupt_tensors: {name} is float8_e4m3fn, which has no inf "
                                   "(E4M3FN saturates or turns into NaN); use nan or zero")

@@ -13,14 +13,16 @@ INT8 in checkpoints.lint_int8.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 from quantmatrix.adapter.declared import MIXED
+from quantmatrix.adapter.roles import leaf as role_leaf
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, lint_int8, lint_mixed, lint_wna16, producers
+from quantmatrix.checkpoints import experts, lint_int8, lint_mixed, lint_mxfp4, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
 from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
@@ -31,7 +33,8 @@ SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes t
 # Per scheme module (a Declared's family: producers.leaves names its tensors), the format's word, and the dtype a
 # quantized weight named `weight` is stored in (WNA16 producers name theirs apart: qweight, weight_packed).
 FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only",
-                MIXED: "quantized (MIXED_PRECISION)", lint_int8.INT8: "W8A8 INT8", "w4a8": "W4A8 FP8"}
+                MIXED: "quantized (MIXED_PRECISION)", lint_int8.INT8: "W8A8 INT8", "w4a8": "W4A8 FP8",
+                lint_mxfp4.MXFP4: "MXFP4"}
 _WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3", lint_int8.INT8: "I8"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
@@ -146,7 +149,7 @@ def scalar(t: Tensor) -> float:
 def _scheme_words(d: Declared) -> str:
     return {"w4a4": "W4A4", "weight_only": "weight-only", "fp8_static": "static-activation FP8",
             "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
-            "w4a8_fp8": "W4A8 FP8"}[d.scheme] + f" ({d.why})"
+            "w4a8_fp8": "W4A8 FP8", "mxfp4": "MXFP4"}[d.scheme] + f" ({d.why})"
 
 
 def _fp8_scale_shape(w: Tensor, block: bool) -> tuple[tuple[int, ...], ...]:
@@ -312,9 +315,17 @@ def _check_int8(module: str, leaves: dict[str, Tensor], d: Declared, block_scale
     return [Finding(*f) for f in lint_int8.check_module(module, leaves, d.producer, block_scales)]
 
 
+def _check_mxfp4(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool,
+                 config: dict) -> list[Finding]:
+    return [Finding(*f) for f in lint_mxfp4.check_module(module, leaves, d.producer, config, block_scales)]
+
+
 # scheme module (a Declared's family) -> the check of one of its quantized modules
 _CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8, lint_wna16.WNA16: _check_wna16,
            "w4a8": _check_wna16, lint_int8.INT8: _check_int8}
+# Families whose vLLM config quantizes no Linear at all (Mxfp4Config: only the MoE experts), so a bf16 Linear
+# outside the ignore list is what vLLM runs too, not a finding.
+_EXPERTS_ONLY = (lint_mxfp4.MXFP4,)
 
 
 def lint(path: Path, block_scales: bool = False) -> LintReport:
@@ -342,10 +353,10 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
     module_of = d.family
     words = FORMAT_WORDS[module_of]
     quantized = producers.quantized_leaves(module_of)
-    check = _CHECKS[module_of]
+    check = _CHECKS.get(module_of) or functools.partial(_check_mxfp4, config=config)
     for module, leaves in modules.items():
         weight = leaves.get("weight")
-        is_quantized = bool(quantized & set(leaves)) or (
+        is_quantized = bool(quantized & {role_leaf(lf) for lf in leaves}) or (
             weight is not None and weight.dtype == _WEIGHT_DTYPES.get(module_of))
         count += is_quantized
         if d.scheme == "unquantized":
@@ -360,7 +371,8 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
             findings += check(module, leaves, d, block_scales)
         else:
             w = leaves.get("weight")
-            if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS):
+            if w is not None and len(w.shape) == 2 and not module.endswith(_EMBEDDINGS) and (
+                    module_of not in _EXPERTS_ONLY):
                 findings.append(Finding("unquantized", module, "weight", f"is {w.dtype} {list(w.shape)} with no "
                                         "scales, but the config quantizes every Linear it does not ignore"))
     findings += [Finding(*f) for f in experts.check(modules, config, path / "config.json")]

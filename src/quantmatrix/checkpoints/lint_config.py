@@ -159,8 +159,11 @@ def declared(path: Path) -> tuple[Declared, list[Finding]]:
     if d.weights is not None:
         return Declared(d.producer, d.scheme or "weight_only", f"config.json {lint_wna16.words(d.producer, d.weights)}",
                         _ignore(lint_wna16.ignore_patterns(qc), where), d.weights, d.family), []
+    if d.family == "mxfp4":
+        return Declared(d.producer, "mxfp4", "config.json quant_method mxfp4 (MXFP4 experts; vLLM's Mxfp4Config "
+                        "reads no other key)", _ignore(qc.get("modules_to_not_convert"), where), family=d.family), []
     raise LintError(f"{where}: quant_method {qc.get('quant_method')!r} is none of modelopt, compressed-tensors, fp8, "
-                    "gptq, awq")
+                    "gptq, awq, mxfp4")
 
 
 def ignored(module: str, patterns: Iterable[str]) -> bool:

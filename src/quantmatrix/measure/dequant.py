@@ -15,6 +15,7 @@ from typing import Any
 from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.lint import SCHEME, Declared, declared
 from quantmatrix.checkpoints.lint_int8 import INT8
+from quantmatrix.checkpoints.lint_mxfp4 import MXFP4
 
 # Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
 INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
@@ -50,6 +51,8 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
         return _wna16_state(checkpoint_dir, d, tensors)
     if d.family in FP8_BLOCKS:
         return _fp8_state(checkpoint_dir, d, tensors)
+    if d.family == MXFP4:
+        return _mxfp4_state(checkpoint_dir, d, tensors)
     names = producers.leaves(producer, SCHEME)
     state = {}
     for name, t in tensors.items():
@@ -67,6 +70,29 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
                                                               torch.bfloat16)
         elif leaf not in producers.quantized_leaves(SCHEME):
             state[name] = t
+    return state
+
+
+def _mxfp4_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss's fused expert blocks decoded by vLLM's E2M1 unpacking and E8M0 descale (adapter.mxfp4), turned back
+    into transformers' [experts, in, out]; biases and every bf16 tensor as stored."""
+    from quantmatrix.adapter import mxfp4 as vllm_mxfp4
+    from quantmatrix.checkpoints.gpt_oss import PROJECTIONS
+
+    layout = producers.producer(d.producer).RECIPES[MXFP4]
+    packed = {layout.leaf(p, role): (p, role) for p in PROJECTIONS for role in ("weight", "block_scale")}
+    state = {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        proj, role = packed.get(leaf, ("", ""))
+        if not proj:
+            state[name] = t
+        elif role == "weight":
+            scales = tensors.get(f"{module}.{layout.leaf(proj, 'block_scale')}")
+            if scales is None or tuple(scales.shape) != tuple(t.shape[:-1]):
+                raise ValueError(f"{checkpoint_dir}: {name} has no E8M0 scale grid of shape {list(t.shape[:-1])}: "
+                                 "the lint names it; this check cannot decode the weight")
+            state[f"{module}.{proj}"] = vllm_mxfp4.dequantize(t, scales).transpose(-1, -2).contiguous()
     return state
 
 

@@ -22,6 +22,8 @@ class FactoryScheme:
     input_scales: bool = False  # whether `input_scales: auto` writes input-scale tensors
     granularity: str = "tensor"  # one weight scale per: tensor | channel | block (FP8; NVFP4's are fixed)
     params: tuple[tuple[str, object], ...] = ()  # the scheme module's variant (schemes.wna16.Params: bits, ...)
+    # the model families it has a layout for: one Linear per expert (qwen3_moe, mixtral), or gpt-oss's fused experts
+    models: tuple[str, ...] = ("qwen3_moe", "mixtral")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,7 @@ _MIXED: tuple[tuple[str, object], ...] = (
               ("model.layers.1.self_attn.o_proj", "FP8"))),
 )
 SCHEMES = {
-    "bf16": FactoryScheme("bf16", quantized=False),
+    "bf16": FactoryScheme("bf16", quantized=False, models=("qwen3_moe", "mixtral", "gpt_oss")),
     "nvfp4_weight_only": FactoryScheme("nvfp4"),
     "nvfp4_w4a4": FactoryScheme("nvfp4", activations="quantized", input_scales=True),
     "fp8_static": FactoryScheme("fp8", activations="quantized", input_scales=True),
@@ -73,6 +75,9 @@ SCHEMES = {
     # int4 weights in groups, FP8 activations dynamic per token (schemes.w4a8): vLLM 0.32 serves group 128 only
     "w4a8_fp8_g128": FactoryScheme("w4a8", activations="quantized", params=(("bits", 4), ("group_size", 128))),
     "w4a8_fp8_g64": FactoryScheme("w4a8", activations="quantized", params=(("bits", 4), ("group_size", 64))),
+    # MXFP4 (schemes.mxfp4): E2M1 weights in blocks of 32 with an E8M0 scale each, gpt-oss's fused experts only;
+    # bf16 activations in the checkpoint (the backend may quantize them to MXFP8 itself)
+    "mxfp4": FactoryScheme("mxfp4", models=("gpt_oss",)),
 }
 PRODUCERS = {
     "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8", "mixed"), forms=("config_json", "legacy"),
@@ -84,6 +89,8 @@ PRODUCERS = {
     "fp8": FactoryProducer("hf_fp8", writes=("fp8", "fp8_block")),
     "gptq": FactoryProducer("gptq", writes=("wna16",)),
     "awq": FactoryProducer("awq", writes=("wna16",), keys=("zero_point_order",)),
+    # OpenAI's gpt-oss export: quant_method mxfp4, *_blocks / *_scales per fused expert weight
+    "mxfp4": FactoryProducer("mxfp4", writes=("mxfp4",)),
     "none": FactoryProducer("none", writes=("bf16",)),
 }
 # Where a producer's quantization config lives (`synthetic: {form: ...}`).

@@ -12,7 +12,7 @@ import dataclasses
 from quantmatrix.schema.factory import FORMS as _FORMS
 from quantmatrix.schema.factory import PRODUCERS, SCHEMES, FactoryScheme
 
-MODELS = ("qwen3_moe", "mixtral")
+MODELS = ("qwen3_moe", "mixtral", "gpt_oss")
 # cpu_tiny runs on CPU paths only; gpu_tiny has hidden/intermediate multiples of 128, as Marlin and the
 # CUTLASS/TRT-LLM NVFP4 MoE kernels require; block_tiny has 2x2 grids of 128x128 blocks per expert weight (block-wise
 # FP8: a grid with more than one block, split whole across 2 ranks).
@@ -68,6 +68,9 @@ class SyntheticSpec:
         """Why no producer would write this combination, or None."""
         if self.scheme not in SCHEMES:
             return f"factory scheme {self.scheme!r} is none of {', '.join(SCHEMES)}"
+        if self.model not in self.factory.models:
+            return (f"model {self.model!r} has no {self.scheme} layout (the factory writes it for "
+                    f"{', '.join(self.factory.models)})")
         producer, module = PRODUCERS[self.producer], self.factory.module
         if module not in producer.writes:
             makers = [p for p, d in PRODUCERS.items() if module in d.writes]
