@@ -121,11 +121,11 @@ def test_int8_module_check_names_what_vllm_has_no_parameter_for(tmp_path):
 
     leaves = {"weight": t("m.weight", "I8", (8, 64)), "weight_scale": t("m.weight_scale", "F32", (8,)),
               "input_scale": t("m.input_scale", "F32", (1,)), "weight_zero_point": t("m.weight_zero_point", "I8", (8,))}
-    found = lint_int8.check_module("m", leaves, "compressed-tensors", scale_values=False)
+    found = lint_int8.check_int8_module("m", leaves, "compressed-tensors", scale_values=False)
     assert [(f[0], f[2]) for f in found] == [("unexpected_tensor", "input_scale"),
                                              ("unexpected_tensor", "weight_zero_point")]
     wrong = {"weight": t("m.weight", "I32", (8, 16))}
-    assert [(f[0], f[2]) for f in lint_int8.check_module("m", wrong, "compressed-tensors", False)] == [
+    assert [(f[0], f[2]) for f in lint_int8.check_int8_module("m", wrong, "compressed-tensors", False)] == [
         ("missing_tensor", "weight_scale"), ("bad_dtype", "weight")]
 
 

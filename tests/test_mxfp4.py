@@ -29,7 +29,7 @@ def test_the_factory_decoder_is_vllms_for_every_code_and_scale():
     scales = torch.arange(1, 253, dtype=torch.uint8).reshape(-1, 1).expand(-1, 16).contiguous()  # [252, 16]
     blocks = torch.arange(256, dtype=torch.uint8).reshape(16, 16).expand(len(scales), -1, -1).contiguous()
     ours = mxfp4.dequantize(blocks, scales, torch.bfloat16)
-    assert ours.shape == (252, 512) and torch.equal(ours, vllm_mxfp4.dequantize(blocks, scales))
+    assert ours.shape == (252, 512) and torch.equal(ours, vllm_mxfp4.dequantize_mxfp4(blocks, scales))
     assert ours.float().abs().max().item() == 6 * 2.0**125
 
 
@@ -66,7 +66,7 @@ def test_the_export_is_gpt_oss_s_layout(healthy):
     assert t[f"{e}.gate_up_proj_blocks"].shape == (4, 128, 2, 16) and t[f"{e}.gate_up_proj_scales"].shape == (4, 128, 2)
     assert t[f"{e}.down_proj_blocks"].shape == (4, 64, 2, 16) and t[f"{e}.gate_up_proj_bias"].dtype == torch.bfloat16
     clean = load_file(healthy / store.DEQUANTIZED / "model.safetensors")
-    decoded = vllm_mxfp4.dequantize(t[f"{e}.down_proj_blocks"], t[f"{e}.down_proj_scales"]).transpose(-1, -2)
+    decoded = vllm_mxfp4.dequantize_mxfp4(t[f"{e}.down_proj_blocks"], t[f"{e}.down_proj_scales"]).transpose(-1, -2)
     assert torch.equal(decoded, clean[f"{e}.down_proj"])
     assert not lint.lint(healthy, block_scales=True).findings
 

@@ -66,6 +66,7 @@ checks:
   - {name: degeneration, kind: e2e, tier: gpu, vllm: [engine], cells: [{checkpoint: bf16-experts-nan, mode: default}],
      description: greedy output is not one token repeated}
   - {name: kernel_format, kind: audit, tier: cpu, cells: [{checkpoint: "none-*"}], description: not here}
+  - {name: layer_numerics, kind: numerics, tier: cpu, cells: [{checkpoint: "none-*"}], description: not here}
   - {name: observed_reads, kind: audit, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}
   - {name: agreement, kind: e2e, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}
   - {name: mode_invariance, kind: e2e, tier: gpu, cells: [{checkpoint: "none-*"}], description: not here}

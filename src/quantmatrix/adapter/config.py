@@ -20,7 +20,7 @@ QUANT_MODULES = (
     "vllm.model_executor.layers.quantization.mxfp4",
 )
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
-           *QUANT_MODULES, *mixed.MODULES)
+           *QUANT_MODULES, *mixed.MIXED_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
 METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8", "gpt_oss_mxfp4")
 # vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the

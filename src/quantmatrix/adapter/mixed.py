@@ -23,8 +23,8 @@ _LINEARS = (("self_attn.qkv_proj", "QKVParallelLinear", ("q_proj", "k_proj", "v_
             ("self_attn.o_proj", "RowParallelLinear", ("o_proj",)),
             ("{moe}.gate", "ReplicatedLinear", ("gate",)))
 _MOE = {"qwen3_moe": "mlp", "mixtral": "block_sparse_moe"}
-# what the per-projection reading imports, for the vLLM health check (adapter.config.MODULES)
-MODULES = ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding",
+# what the per-projection reading imports, for the vLLM health check (adapter.config.MIXED_MODULES)
+MIXED_MODULES = ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding",
            "vllm.model_executor.model_loader.utils")
 _CLASSES = {"QKVParallelLinear": "vllm.model_executor.layers.linear",
             "RowParallelLinear": "vllm.model_executor.layers.linear",
@@ -92,7 +92,7 @@ def _declared(modules: tuple[str, ...], layers: Mapping[str, str], ignore: list[
     return "/".join(sorted(MODELOPT_ALGOS.get(a, a) for a in algos))
 
 
-def _ignore(qc: Mapping[str, Any]) -> list[str]:
+def _mixed_ignore(qc: Mapping[str, Any]) -> list[str]:
     inner = qc.get("quantization")
     value = inner.get("exclude_modules") if isinstance(inner, Mapping) else qc.get("ignore")
     return [p for p in value or () if isinstance(p, str)]
@@ -103,7 +103,7 @@ def projections(config: Any, model_config: Any) -> tuple[Projection, ...]:
     from vllm.model_executor.model_loader.utils import get_model_architecture
 
     qc = quantization_config(model_config) or {}
-    layers, ignore = dict(mixed_layers(qc)), _ignore(qc)
+    layers, ignore = dict(mixed_layers(qc)), _mixed_ignore(qc)
     # what SupportsQuant / configure_quant_config hand the config before the model is built
     config.packed_modules_mapping = dict(getattr(get_model_architecture(model_config)[0],
                                                  "packed_modules_mapping", None) or {})

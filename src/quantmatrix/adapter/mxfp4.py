@@ -24,7 +24,7 @@ def _helpers() -> tuple[Any, Any]:
     return found[0], found[1]
 
 
-def dequantize(blocks: Any, scales: Any) -> Any:
+def dequantize_mxfp4(blocks: Any, scales: Any) -> Any:
     """bf16 [..., K] from gpt-oss's blocks U8 [..., K/32, 16] and E8M0 scales U8 [..., K/32]."""
     import torch
 

@@ -312,12 +312,12 @@ def _check_wna16(module: str, leaves: dict[str, Tensor], d: Declared, block_scal
 
 
 def _check_int8(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
-    return [Finding(*f) for f in lint_int8.check_module(module, leaves, d.producer, block_scales)]
+    return [Finding(*f) for f in lint_int8.check_int8_module(module, leaves, d.producer, block_scales)]
 
 
 def _check_mxfp4(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool,
                  config: dict) -> list[Finding]:
-    return [Finding(*f) for f in lint_mxfp4.check_module(module, leaves, d.producer, config, block_scales)]
+    return [Finding(*f) for f in lint_mxfp4.check_mxfp4_module(module, leaves, d.producer, config, block_scales)]
 
 
 # scheme module (a Declared's family) -> the check of one of its quantized modules
@@ -345,7 +345,7 @@ def lint(path: Path, block_scales: bool = False) -> LintReport:
         raise LintError(f"{path}: {len(modules)} modules x {len(d.ignore)} ignore entries is over the "
                         f"{MAX_MATCHES} matches this lint makes")
     if d.family == MIXED:
-        mixed, count = lint_mixed.check(modules, d, _CHECKS, block_scales)
+        mixed, count = lint_mixed.check_mixed(modules, d, _CHECKS, block_scales)
         findings += [*mixed, *(Finding(*f) for f in experts.check(modules, config, path / "config.json")),
                      *_check_fused(modules, d)]
         return LintReport(path, d, len(tensors), nfiles, count, findings)

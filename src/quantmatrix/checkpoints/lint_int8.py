@@ -18,13 +18,13 @@ from quantmatrix.checkpoints.experts import Found
 from quantmatrix.checkpoints.lint_wna16 import MAX_INDEX, read_scales
 
 INT8 = "int8"  # the scheme module this check knows
-_SCALE_DTYPES = ("F32", "BF16", "F16")
+_INT8_SCALE_DTYPES = ("F32", "BF16", "F16")
 
 
 def _scale(module: str, leaf: str, t: Any, rows: int | None, values: bool) -> list[Found]:
     """The weight scale: a float dtype, one per output row ([out, 1] or [out]), each finite and > 0."""
-    if t.dtype not in _SCALE_DTYPES:
-        return [("bad_dtype", module, leaf, f"is {t.dtype}; INT8 weight scales are {', '.join(_SCALE_DTYPES)} "
+    if t.dtype not in _INT8_SCALE_DTYPES:
+        return [("bad_dtype", module, leaf, f"is {t.dtype}; INT8 weight scales are {', '.join(_INT8_SCALE_DTYPES)} "
                  "(vLLM copies them into float32 without a word, rounding whatever this dtype held)")]
     if rows is not None and tuple(t.shape) not in ((rows, 1), (rows,)):
         return [("bad_shape", module, leaf, f"is {list(t.shape)}, expected [{rows}, 1]: one scale per output "
@@ -37,7 +37,7 @@ def _scale(module: str, leaf: str, t: Any, rows: int | None, values: bool) -> li
     return []
 
 
-def check_module(module: str, leaves: Mapping[str, Any], producer: str, scale_values: bool) -> list[Found]:
+def check_int8_module(module: str, leaves: Mapping[str, Any], producer: str, scale_values: bool) -> list[Found]:
     """One W8A8 INT8 module: weight and scale present, no activation scale or zero point, an I8 [out, in] weight
     and its per-channel scale."""
     names = producers.leaves(producer, INT8)

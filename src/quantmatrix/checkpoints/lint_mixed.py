@@ -18,7 +18,7 @@ from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.lint_config import Declared, Finding, ignored
 
 # the scheme modules a MIXED_PRECISION module can be in (their weight dtype tells a quantized module apart)
-_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
+_MIXED_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3"}
 Check = Callable[[str, dict[str, Any], Declared, bool], list[Finding]]
 
 
@@ -31,10 +31,10 @@ def _quantized(leaves: Mapping[str, Any]) -> bool:
     leaf, or a weight in its dtype)."""
     weight = leaves.get("weight")
     return any(producers.quantized_leaves(family) & set(leaves) or (weight is not None and weight.dtype == dtype)
-               for family, dtype in _WEIGHT_DTYPES.items())
+               for family, dtype in _MIXED_WEIGHT_DTYPES.items())
 
 
-def check(modules: Mapping[str, dict[str, Any]], d: Declared, checks: Mapping[str, Check],
+def check_mixed(modules: Mapping[str, dict[str, Any]], d: Declared, checks: Mapping[str, Check],
           block_scales: bool) -> tuple[list[Finding], int]:
     """Findings of every module against the map, and how many modules hold quantized tensors. `checks`: the lint's
     check of one module per scheme module (checkpoints.lint._CHECKS)."""

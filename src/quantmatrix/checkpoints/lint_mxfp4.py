@@ -17,7 +17,7 @@ from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.experts import Found
 
 MXFP4 = "mxfp4"  # the scheme module this check knows
-BLOCK = 32  # inputs per E8M0 scale
+MXFP4_BLOCK = 32  # inputs per E8M0 scale
 MAX_SCALES = 1 << 26  # scale bytes read per tensor before the lint skips the value check
 # E8M0 bytes no healthy export holds: 255 is E8M0's NaN; 253 and 254 make 6 x scale overflow bf16; 0 is 2**-127,
 # below float32's normal range (a zeroed or underflowed scale: the block decodes to ~0)
@@ -26,7 +26,7 @@ _BAD_BYTES = {255: "NaN", 254: "overflowing", 253: "overflowing", 0: "2**-127 (z
 _SHAPES = {"gate_up_proj": ("2*ffn", "hidden"), "down_proj": ("hidden", "ffn")}
 
 
-def _sizes(config: Mapping[str, Any]) -> dict[str, int]:
+def _mxfp4_sizes(config: Mapping[str, Any]) -> dict[str, int]:
     ffn, hidden = config.get("intermediate_size"), config.get("hidden_size")
     experts = config.get("num_local_experts", config.get("num_experts"))
     ok = all(type(v) is int and v > 0 for v in (ffn, hidden, experts))
@@ -58,7 +58,7 @@ def _projection(module: str, leaves: Mapping[str, Any], proj: str, producer: str
             out.append(("bad_dtype", module, leaf, f"is {t.dtype}; MXFP4 blocks and E8M0 scales are U8"))
     if sizes and blocks is not None:
         rows, cols = (sizes[k] for k in _SHAPES[proj])
-        want = (sizes["experts"], rows, -(-cols // BLOCK), BLOCK // 2)
+        want = (sizes["experts"], rows, -(-cols // MXFP4_BLOCK), MXFP4_BLOCK // 2)
         if blocks.shape != want:
             out.append(("bad_shape", module, blocks_leaf, f"is {list(blocks.shape)}; config.json sizes make "
                         f"{proj} [experts, {rows}, {cols}/32, 16] = {list(want)}"))
@@ -73,11 +73,11 @@ def _projection(module: str, leaves: Mapping[str, Any], proj: str, producer: str
     return out
 
 
-def check_module(module: str, leaves: Mapping[str, Any], producer: str, config: Mapping[str, Any],
+def check_mxfp4_module(module: str, leaves: Mapping[str, Any], producer: str, config: Mapping[str, Any],
                  scale_values: bool) -> list[Found]:
     """One gpt-oss experts module: both fused projections' blocks and scales present, U8, shaped from the
     config's sizes and each other, (`scale_values`) no E8M0 scale outside a weight's range; nothing else."""
-    sizes = _sizes(config)
+    sizes = _mxfp4_sizes(config)
     out: list[Found] = []
     known = {"gate_up_proj_bias", "down_proj_bias"}
     for proj in _SHAPES:

@@ -92,7 +92,7 @@ def _mxfp4_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
             if scales is None or tuple(scales.shape) != tuple(t.shape[:-1]):
                 raise ValueError(f"{checkpoint_dir}: {name} has no E8M0 scale grid of shape {list(t.shape[:-1])}: "
                                  "the lint names it; this check cannot decode the weight")
-            state[f"{module}.{proj}"] = vllm_mxfp4.dequantize(t, scales).transpose(-1, -2).contiguous()
+            state[f"{module}.{proj}"] = vllm_mxfp4.dequantize_mxfp4(t, scales).transpose(-1, -2).contiguous()
     return state
 
 
@@ -112,7 +112,7 @@ def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> di
             if scale is None:
                 raise ValueError(f"{checkpoint_dir}: {name} is FP8 but {module}.{names['block_scale']} is missing: "
                                  "the lint names it; this check cannot decode the weight")
-            state[f"{module}.weight"] = vllm_fp8.dequantize(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
+            state[f"{module}.weight"] = vllm_fp8.dequantize_fp8(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
         elif leaf not in skip:
             state[name] = t
     return state
