@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import importlib
 import json
+import types
 
 import pytest
 import torch
 
 from quantmatrix.adapter import config as vllm_config
+from quantmatrix.adapter import families
 from quantmatrix.adapter import mxfp4 as vllm_mx
 from quantmatrix.adapter.declared import declare
 from quantmatrix.checkpoints import lint, lint_mxfp4, store
 from quantmatrix.checkpoints.producers import modelopt
 from quantmatrix.checkpoints.schemes import mxfp8
+from quantmatrix.errors import AdapterMismatch
 from quantmatrix.measure import dequant
+from quantmatrix.schema.backends import package_backends
 from quantmatrix.schema.synthetic import SyntheticSpec
 
 
@@ -99,3 +103,18 @@ def test_e8m0_range_is_the_formats():
     assert lint_mxfp4.e8m0_bad_bytes(lint_mxfp4.E2M1_MAX) == {255: "NaN", 253: "overflowing", 254: "overflowing",
                                                                0: "2**-127 (zeroed)"}
     assert sorted(lint_mxfp4.e8m0_bad_bytes(mxfp8.E4M3_MAX)) == [0, *range(247, 256)]
+
+
+@pytest.mark.parametrize(("backend", "weight_only"), [("MARLIN", True), ("FLASHINFER_TRTLLM", False),
+                                                      ("TRITON_MXFP8", False), ("EMULATION", False)])
+def test_the_mxfp8_method_reads_as_its_backend_s_read_set(backend, weight_only):
+    """ModelOptMxFp8FusedMoE's Fp8MoeBackend enum names an MXFP8_* read-set the package describes, reading the
+    E4M3 weights and E8M0 scales only; Marlin (W8A16) runs activations bf16, the others quantize them."""
+    method = type("ModelOptMxFp8FusedMoE", (), {"mxfp8_backend": types.SimpleNamespace(value=backend)})()
+    reading = families.read(method, lambda m: True)
+    assert reading == families.Reading("mxfp8", f"MXFP8_{backend}", weight_only)
+    names = families.read_sets("mxfp8", package_backends())
+    assert reading.backend in names and all(n.startswith("MXFP8_") for n in names) and len(names) == 8
+    assert package_backends()[reading.backend].reads == {"weight", "block_scale"}
+    with pytest.raises(AdapterMismatch, match="no mxfp8_backend"):
+        families.read(type("ModelOptMxFp8FusedMoE", (), {})(), lambda m: True)
