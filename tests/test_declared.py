@@ -50,7 +50,7 @@ def test_groups_disagree_on_the_question_their_producer_asks():
 
 @pytest.mark.parametrize(("qc", "producer", "scheme", "algo"), [
     ({"quant_method": "modelopt_fp4", "quantization": {"quant_algo": "nvfp4"}}, "modelopt", "w4a4", "NVFP4"),
-    ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "modelopt", None, "MXFP8"),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt", None, "W4A8_AWQ"),
     ({"quant_method": "modelopt"}, "modelopt", None, None),
     ({"quant_method": "compressed-tensors", "format": "int-quantized"}, "compressed-tensors", None, None),
     ({"quant_method": "bitsandbytes"}, "bitsandbytes", None, None),
@@ -63,6 +63,7 @@ def test_what_no_family_reads_has_no_scheme(qc, producer, scheme, algo):
 
 @pytest.mark.parametrize(("qc", "scheme", "family"), [
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "w4a4", "nvfp4"),
+    ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, "mxfp8", "mxfp8"),
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8_static", "fp8"),
     ({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}, "fp8_block", "fp8_block"),
     ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_dynamic", "fp8"),

@@ -147,12 +147,12 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
 @pytest.mark.parametrize(("qc", "legacy", "error"), [
     ([1], None, "config.json: quantization_config is list, not an object"),
     (None, {"quantization": [1]}, "hf_quant_config.json: quantization is list, not an object"),
-    (None, {"quantization": {"quant_algo": "MXFP8"}}, "hf_quant_config.json: quant_algo 'MXFP8' is not one this "
-                                                       "lint knows "
-     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
-    ({"quant_method": "modelopt", "quant_algo": "MXFP8"}, None, "config.json: quant_algo 'MXFP8' is not one this "
-                                                                "lint knows "
-     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
+    (None, {"quantization": {"quant_algo": "W4A8_AWQ"}}, "hf_quant_config.json: quant_algo 'W4A8_AWQ' is not one "
+                                                          "this lint knows "
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8)"),
+    ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, None, "config.json: quant_algo 'W4A8_AWQ' is not one "
+                                                                   "this lint knows "
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8)"),
     ({**CT, "format": "pack-quantized"}, None, "config.json: compressed-tensors format 'pack-quantized' is not "
                                                "nvfp4-pack-quantized, float-quantized or pack-quantized with int "
                                                "weights"),
@@ -171,7 +171,7 @@ def test_config_groups_that_are_not_a_mapping_are_refused(tmp_path):
     (None, {"quantization": {"quant_algo": "NVFP4", "exclude_modules": [2]}},
      "hf_quant_config.json: the ignore list must be a list of strings, got [2]"),
     (None, {}, "hf_quant_config.json: quant_algo None is not one this lint knows "
-     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO)"),
+     "(NVFP4, W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN, FP8_PB_WO, MXFP8)"),
 ])
 def test_a_declaration_this_lint_cannot_read_is_an_error(tmp_path, qc, legacy, error):
     d = _write(tmp_path, qc, {})

@@ -71,7 +71,7 @@ BAD = [
      "form 'legacy' (hf_quant_config.json) exists only for producer modelopt"),
     ("bad-expectation", _replace("expect: {resolves_to: w4a4}", "expect: {resolves_to: w4a16}"), 15,
      "expected one of weight_only, w4a4, fp8_static, fp8_dynamic, fp8_block, w8a8_int8, w4a8_fp8, mxfp4, "
-     "unquantized, rejected; got 'w4a16'"),
+     "mxfp8, unquantized, rejected; got 'w4a16'"),
     ("waiver-bad-date", SMALL + "waivers:\n  - match: {arch: gb10}\n    reason: r\n    link: l\n"
      "    expires: next week\n", 32, "expected a date YYYY-MM-DD"),
     ("waiver-dangling-checkpoint", SMALL + "waivers:\n  - match: {checkpoint: tiny-w0}\n    reason: r\n    link: l\n"
@@ -113,7 +113,7 @@ def test_default_matrix_loads():
     assert {c.producer for c in m.checkpoints} == {"modelopt", "compressed-tensors", "fp8", "gptq", "awq", "mxfp4",
                                                    "none"}
     assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", "fp8_static",
-                                                      "fp8_dynamic", "fp8_block", "mxfp4", *(
+                                                      "fp8_dynamic", "fp8_block", "mxfp4", "mxfp8", *(
         f"wna16_{v}" for v in ("int4_g32", "int4_g32_actorder", "int4_channel", "int8_g32", "int8_channel",
                                "int4_g48")), "mixed_nvfp4_fp8", "mixed_nvfp4_fp8_unmapped",
                                                       "mixed_nvfp4_fp8_unlisted", "w8a8_int8", "w4a8_fp8_g128",

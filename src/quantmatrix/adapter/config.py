@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quantmatrix.adapter import mixed
-from quantmatrix.adapter.declared import FP8_FAMILIES, INT_ACT_SCHEMES, MODELOPT_ALGOS
+from quantmatrix.adapter.declared import FP8_FAMILIES, INT_ACT_SCHEMES, MODELOPT_ALGOS, MODELOPT_FAMILIES, MXFP8
 from quantmatrix.adapter.versions import versions
 from quantmatrix.errors import AdapterMismatch
 
@@ -22,7 +22,8 @@ QUANT_MODULES = (
 MODULES = ("vllm.config", "vllm.model_executor.model_loader.weight_utils", "vllm.model_executor.layers.quantization",
            *QUANT_MODULES, *mixed.MIXED_MODULES)
 # The quant methods the matrices' checkpoints resolve to; the health check asks vLLM for each one's class.
-METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "compressed-tensors", "fp8", "gpt_oss_mxfp4")
+METHODS = ("modelopt", "modelopt_fp4", "modelopt_mixed", "modelopt_mxfp8", "compressed-tensors", "fp8",
+           "gpt_oss_mxfp4")
 # vLLM's integer weight-only configs (0.32: auto_gptq.py / auto_awq.py, Marlin with the moe_wna16 fallback): the
 # attributes that name the variant they resolved to.
 _WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
@@ -31,8 +32,9 @@ _WNA16_CONFIGS = {"AutoGPTQConfig": "GPTQ", "AutoAWQConfig": "AWQ"}
 _MXFP4_CONFIGS = ("GptOssMxfp4Config", "Mxfp4Config")
 
 # ModelOpt configs carry the scheme in `quant_method` (a ModelOpt quant_algo string), one table for the config
-# files and vLLM's resolved configs (adapter.declared): the NVFP4 algos, and the FP8 ones (ModelOptFp8Config).
-_MODELOPT_ALGOS = {algo: word for algo, word in MODELOPT_ALGOS.items() if word not in FP8_FAMILIES}
+# files and vLLM's resolved configs (adapter.declared): the NVFP4 algos, and the FP8 ones (ModelOptFp8Config);
+# MXFP8 has a config class of its own (ModelOptMxFp8Config).
+_MODELOPT_ALGOS = {algo: word for algo, word in MODELOPT_ALGOS.items() if word not in MODELOPT_FAMILIES}
 _MODELOPT_FP8_ALGOS = {algo: word for algo, word in MODELOPT_ALGOS.items() if word in FP8_FAMILIES}
 
 
@@ -151,6 +153,8 @@ def classify(config: Any) -> tuple[str, str]:
             raise AdapterMismatch(f"ModelOptFp8Config.quant_method is {algo!r}; quantmatrix knows "
                                   f"{sorted(_MODELOPT_FP8_ALGOS)}: update quantmatrix/adapter/config.py")
         return algo, _MODELOPT_FP8_ALGOS[algo]
+    if name == "ModelOptMxFp8Config":
+        return f"{getattr(config, 'quant_method', '')} (E4M3 blocks of 32, E8M0 scales)", MXFP8
     if name == "Fp8Config":
         block, scheme = getattr(config, "weight_block_size", None), getattr(config, "activation_scheme", None)
         if scheme not in ("static", "dynamic"):

@@ -15,6 +15,8 @@ legacy hf_quant_config.json, and decides:
   activations (`pack-quantized`, the W4AFP8 preset) W4A8 FP8 (CompressedTensorsConfig._is_dynamic_token_w8a8,
   _is_fp8_w4a8).
 - fp8 (Fp8Config): `weight_block_size` is block-wise FP8, else `activation_scheme` static or dynamic.
+- ModelOpt MXFP8 (`quant_algo` MXFP8): E4M3 weights, an E8M0 scale per 32 inputs, bf16 activations
+  (ModelOptMxFp8Config; its MoE reads weight and weight_scale only).
 - mxfp4 (gpt-oss): MXFP4 experts; Mxfp4Config.from_config reads no other key (not `modules_to_not_convert`).
 - GPTQ / AWQ (`quant_method` gptq / awq): integer weight-only, `bits`, `group_size` (-1: channel-wise), GPTQ's
   `desc_act` (activation order) and `sym`, AWQ's `zero_point`.
@@ -31,7 +33,7 @@ from quantmatrix.errors import AdapterMismatch
 
 # ModelOpt's quant_algo values, as vLLM upper-cases them, and what each declares before any promotion.
 MODELOPT_ALGOS = {"NVFP4": "w4a4", "W4A16_NVFP4": "weight_only", "FP8": "fp8_static",
-                  "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block"}
+                  "FP8_PER_CHANNEL_PER_TOKEN": "fp8_dynamic", "FP8_PB_WO": "fp8_block", "MXFP8": "mxfp8"}
 # ModelOpt's per-module algo: `quantized_layers` maps module names to one of MODELOPT_ALGOS each (the family of
 # such a declaration is MIXED, whose modules each hold their own algo's tensors).
 MIXED_ALGO, MIXED = "MIXED_PRECISION", "mixed"
@@ -42,6 +44,9 @@ CT_INT_FORMAT = "int-quantized"  # unpacked integer weights beside quantized act
 # The scheme module (checkpoints.schemes) whose tensors an FP8 reading names; any other reading of ModelOpt,
 # compressed-tensors float-quantized or fp8 (NVFP4, unquantized, unknown) is an NVFP4 one.
 FP8_FAMILIES = {"fp8_static": "fp8", "fp8_dynamic": "fp8", "fp8_block": "fp8_block"}
+# MXFP8 (ModelOptMxFp8Config: E4M3 weights, E8M0 scales per 32 inputs) is its own family and scheme module.
+MXFP8 = "mxfp8"
+MODELOPT_FAMILIES = {**FP8_FAMILIES, MXFP8: MXFP8}  # a ModelOpt reading's family beside NVFP4 (the default)
 # Int weights with quantized activations (compressed-tensors): (weight bits, activation type, activation bits) ->
 # (resolves_to word, scheme module whose tensors it holds, the format that stores them)
 INT_ACT_SCHEMES = {(8, "int", 8): ("w8a8_int8", "int8", CT_INT_FORMAT),
@@ -229,7 +234,7 @@ def declare(qc: Mapping[str, Any] | None, legacy: bool = False) -> Declaration:
         if algo == "NVFP4" and says_none and all(says_none):
             scheme = "weight_only"
         return Declaration(producer, scheme, algo, None, acts, shape, any(says_none) and not all(says_none),
-                           FP8_FAMILIES.get(scheme or "", "nvfp4"))
+                           MODELOPT_FAMILIES.get(scheme or "", "nvfp4"))
     if producer == "compressed-tensors" and qc.get("format") == CT_FP8_FORMAT:
         scheme = _ct_fp8(groups) if groups else "unquantized"
         return Declaration(producer, scheme, None, CT_FP8_FORMAT, acts, shape,

@@ -103,12 +103,25 @@ def _mxfp4(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
     return Reading("mxfp4", READ_SET_PREFIX["mxfp4"] + backend, not quantized)
 
 
+# MXFP8 backends (vLLM 0.32 fused_moe/oracle/mxfp8.py, Fp8MoeBackend values) that run the activations bf16; every
+# other one quantizes them to MXFP8 itself (the checkpoint holds no activation scale either way)
+_MXFP8_BF16_ACTIVATIONS = ("MARLIN",)
+
+
+def _mxfp8(method: Any, use_a16: Callable[[Any], bool]) -> Reading:
+    """ModelOptMxFp8FusedMoE: the `mxfp8_backend` enum (an Fp8MoeBackend), its read-set MXFP8_<backend>."""
+    if not hasattr(method, "mxfp8_backend"):
+        raise AdapterMismatch(f"{type(method).__name__} has no mxfp8_backend: update quantmatrix/adapter/families.py")
+    backend = _enum_name(method.mxfp8_backend)
+    return Reading("mxfp8", READ_SET_PREFIX["mxfp8"] + backend, backend in _MXFP8_BF16_ACTIVATIONS)
+
+
 # resolves_to word -> how its readers name a backend's read-set in backends.yaml: the prefix before vLLM's enum
 # name (a read-set belongs to the word with the longest prefix it starts with); None: no kernel backend
 READ_SET_PREFIX: dict[str, str | None] = {
     "weight_only": "", "w4a4": "",
     "fp8_static": "FP8_", "fp8_dynamic": "FP8_DYNAMIC_", "fp8_block": "FP8_DYNAMIC_", "w8a8_int8": "INT8_",
-    "mxfp4": "MXFP4_",
+    "mxfp4": "MXFP4_", "mxfp8": "MXFP8_",
     "unquantized": None,
     # integer weight-only resolves to weight_only too; its read-sets are a family apart (read_set_word)
     "wna16": "WNA16_",
@@ -145,6 +158,7 @@ READERS: dict[str, Callable[[Any, Callable[[Any], bool]], Reading]] = {
     "CompressedTensorsW8A8Fp8MoEMethod": _fp8_ct,
     "CompressedTensorsW8A8Int8MoEMethod": _int8_ct,
     "GptOssMxfp4MoEMethod": _mxfp4,
+    "ModelOptMxFp8FusedMoE": _mxfp8,
     "UnquantizedFusedMoEMethod": _unquantized,
     "AutoGPTQMoEMethod": _wna16,
     "AutoAWQMoEMethod": _wna16,

@@ -2,7 +2,9 @@
 `nvfp4_emulation_utils.break_fp4_bytes`, the nibble order and table its emulation runs; MXFP4's E2M1 is NVFP4's)
 and its E8M0 block descale (`mxfp8_utils.dequant_mxfp8_to_bf16`: 2**(scale - 127) per 32 values). vLLM's
 `mxfp4_utils._dequant_mxfp4` would do both at once but needs amd-quark; these two import without it. The
-factory's own decoder (checkpoints.schemes.mxfp4.dequantize) is checked against this one in tests/test_mxfp4.py."""
+factory's own decoder (checkpoints.schemes.mxfp4.dequantize) is checked against this one in tests/test_mxfp4.py.
+MXFP8 (ModelOpt quant_algo MXFP8) is that descale alone on E4M3 values: `dequantize_mxfp8`, the decode vLLM's
+ModelOptMxFp8FusedMoE itself runs on its emulation path (tests/test_mxfp8.py checks the factory's against it)."""
 
 from __future__ import annotations
 
@@ -32,3 +34,8 @@ def dequantize_mxfp4(blocks: Any, scales: Any) -> Any:
     lead, k = blocks.shape[:-2], blocks.shape[-2] * blocks.shape[-1] * 2
     values = unpack(blocks.reshape(-1, k // 2).contiguous(), torch.float32)
     return descale(values, scales.reshape(-1, k // 32)).reshape(*lead, k)
+
+
+def dequantize_mxfp8(values: Any, scales: Any) -> Any:
+    """bf16 [..., K] from E4M3 values [..., K] and E8M0 scales U8 [..., K/32] (vLLM's dequant_mxfp8_to_bf16)."""
+    return _helpers()[1](values, scales)

@@ -22,7 +22,7 @@ from pathlib import Path
 from quantmatrix.adapter.declared import MIXED
 from quantmatrix.adapter.roles import leaf as role_leaf
 from quantmatrix.bounded import shown
-from quantmatrix.checkpoints import experts, lint_int8, lint_mixed, lint_mxfp4, lint_wna16, producers
+from quantmatrix.checkpoints import experts, lint_int8, lint_mixed, lint_mxfp4, lint_mxfp8, lint_wna16, producers
 from quantmatrix.checkpoints.experts import EXPERT_FINDINGS, MAX_EXPERTS
 from quantmatrix.checkpoints.lint_config import Declared, Finding, declared, ignored
 from quantmatrix.checkpoints.untrusted import INDEX, LintError, json_object, read_header, read_index
@@ -34,8 +34,9 @@ SCHEME = "nvfp4"  # the scheme module of NVFP4 tensors (dequant_logits decodes t
 # quantized weight named `weight` is stored in (WNA16 producers name theirs apart: qweight, weight_packed).
 FORMAT_WORDS = {"nvfp4": "NVFP4", "fp8": "FP8", "fp8_block": "FP8", lint_wna16.WNA16: "integer weight-only",
                 MIXED: "quantized (MIXED_PRECISION)", lint_int8.INT8: "W8A8 INT8", "w4a8": "W4A8 FP8",
-                lint_mxfp4.MXFP4: "MXFP4"}
-_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3", lint_int8.INT8: "I8"}
+                lint_mxfp4.MXFP4: "MXFP4", lint_mxfp8.MXFP8: "MXFP8"}
+_WEIGHT_DTYPES = {"nvfp4": "U8", "fp8": "F8_E4M3", "fp8_block": "F8_E4M3", lint_int8.INT8: "I8",
+                  lint_mxfp8.MXFP8: "F8_E4M3"}
 _ALLOWED_EXTRA = {"bias", "k_scale", "v_scale"}  # kv-cache scales ride on k_proj / v_proj
 _EMBEDDINGS = ("embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings", "embeddings")
 _WIDTH = {"F32": 4, "BF16": 2, "F8_E4M3": 1}  # bytes per element of the dtypes whose values the lint reads
@@ -149,7 +150,7 @@ def scalar(t: Tensor) -> float:
 def _scheme_words(d: Declared) -> str:
     return {"w4a4": "W4A4", "weight_only": "weight-only", "fp8_static": "static-activation FP8",
             "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
-            "w4a8_fp8": "W4A8 FP8", "mxfp4": "MXFP4"}[d.scheme] + f" ({d.why})"
+            "w4a8_fp8": "W4A8 FP8", "mxfp4": "MXFP4", "mxfp8": "MXFP8"}[d.scheme] + f" ({d.why})"
 
 
 def _fp8_scale_shape(w: Tensor, block: bool) -> tuple[tuple[int, ...], ...]:
@@ -320,9 +321,13 @@ def _check_mxfp4(module: str, leaves: dict[str, Tensor], d: Declared, block_scal
     return [Finding(*f) for f in lint_mxfp4.check_mxfp4_module(module, leaves, d.producer, config, block_scales)]
 
 
+def _check_mxfp8(module: str, leaves: dict[str, Tensor], d: Declared, block_scales: bool) -> list[Finding]:
+    return [Finding(*f) for f in lint_mxfp8.check_mxfp8_module(module, leaves, d.producer, block_scales)]
+
+
 # scheme module (a Declared's family) -> the check of one of its quantized modules
 _CHECKS = {"nvfp4": _check_module, "fp8": _check_fp8, "fp8_block": _check_fp8, lint_wna16.WNA16: _check_wna16,
-           "w4a8": _check_wna16, lint_int8.INT8: _check_int8}
+           "w4a8": _check_wna16, lint_int8.INT8: _check_int8, lint_mxfp8.MXFP8: _check_mxfp8}
 # Families whose vLLM config quantizes no Linear at all (Mxfp4Config: only the MoE experts), so a bf16 Linear
 # outside the ignore list is what vLLM runs too, not a finding.
 _EXPERTS_ONLY = (lint_mxfp4.MXFP4,)

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from quantmatrix.adapter.declared import FP8_FAMILIES, MODELOPT_ALGOS
+from quantmatrix.adapter.declared import MODELOPT_ALGOS, MODELOPT_FAMILIES
 from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.lint_config import Declared, Finding, ignored
 
@@ -23,7 +23,7 @@ Check = Callable[[str, dict[str, Any], Declared, bool], list[Finding]]
 
 
 def _family(algo: str) -> str:
-    return FP8_FAMILIES.get(MODELOPT_ALGOS[algo], "nvfp4")
+    return MODELOPT_FAMILIES.get(MODELOPT_ALGOS[algo], "nvfp4")
 
 
 def _quantized(leaves: Mapping[str, Any]) -> bool:

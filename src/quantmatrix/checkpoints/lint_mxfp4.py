@@ -10,6 +10,7 @@ Findings are (code, module, tensor, message) tuples, which checkpoints.lint turn
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,9 +20,8 @@ from quantmatrix.checkpoints.experts import Found
 MXFP4 = "mxfp4"  # the scheme module this check knows
 MXFP4_BLOCK = 32  # inputs per E8M0 scale
 MAX_SCALES = 1 << 26  # scale bytes read per tensor before the lint skips the value check
-# E8M0 bytes no healthy export holds: 255 is E8M0's NaN; 253 and 254 make 6 x scale overflow bf16; 0 is 2**-127,
-# below float32's normal range (a zeroed or underflowed scale: the block decodes to ~0)
-_BAD_BYTES = {255: "NaN", 254: "overflowing", 253: "overflowing", 0: "2**-127 (zeroed)"}
+E2M1_MAX = 6.0  # the largest MXFP4 element: with it, E8M0 bytes 253 and 254 overflow bf16
+_BF16_MAX_LOG2 = 128  # bf16's largest finite value is just under 2**128
 # projection -> (output, input) in config sizes
 _SHAPES = {"gate_up_proj": ("2*ffn", "hidden"), "down_proj": ("hidden", "ffn")}
 
@@ -33,13 +33,21 @@ def _mxfp4_sizes(config: Mapping[str, Any]) -> dict[str, int]:
     return {"ffn": ffn, "2*ffn": 2 * ffn, "hidden": hidden, "experts": experts} if ok else {}
 
 
-def _bad_bytes(t: Any) -> dict[str, int]:
-    """Counts of the E8M0 bytes in _BAD_BYTES among a U8 scale tensor's values."""
+def e8m0_bad_bytes(element_max: float) -> dict[int, str]:
+    """The E8M0 bytes no healthy export of a format whose largest element is `element_max` holds: 255 is E8M0's
+    NaN; a byte whose 2**(b - 127) times element_max overflows bf16 is overflowing; 0 is 2**-127, below float32's
+    normal range (a zeroed or underflowed scale: the block decodes to ~0)."""
+    first = 127 + _BF16_MAX_LOG2 - math.floor(math.log2(element_max))
+    return {255: "NaN", **dict.fromkeys(range(first, 255), "overflowing"), 0: "2**-127 (zeroed)"}
+
+
+def bad_bytes(t: Any, element_max: float = E2M1_MAX) -> dict[str, int]:
+    """Counts of the out-of-range E8M0 bytes (e8m0_bad_bytes) among a U8 scale tensor's values."""
     with t.file.open("rb") as fh:
         fh.seek(t.offset)
         raw = fh.read(t.numel)
     counts: dict[str, int] = {}
-    for byte, word in _BAD_BYTES.items():
+    for byte, word in e8m0_bad_bytes(element_max).items():
         n = raw.count(bytes([byte]))
         if n:
             counts[word] = counts.get(word, 0) + n
@@ -66,7 +74,7 @@ def _projection(module: str, leaves: Mapping[str, Any], proj: str, producer: str
         out.append(("bad_shape", module, scales_leaf, f"is {list(scales.shape)}, expected "
                     f"{list(blocks.shape[:3])}: one E8M0 scale per 32-input block of {blocks_leaf}"))
     elif scale_values and scales is not None and scales.dtype == "U8" and scales.numel <= MAX_SCALES:
-        bad = _bad_bytes(scales)
+        bad = bad_bytes(scales)
         if bad:
             said = ", ".join(f"{n} {word}" for word, n in sorted(bad.items()))
             out.append(("bad_value", module, scales_leaf, f"{said} of {scales.numel} E8M0 scales"))

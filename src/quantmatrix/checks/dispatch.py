@@ -42,6 +42,9 @@ _CONSEQUENCE.update({
     ("fp8_dynamic", "fp8_block"): "per-tensor or per-channel weight scales would be read as a 128x128 block grid",
     ("fp8_static", "fp8_block"): "per-tensor weight scales would be read as a 128x128 block grid",
     ("mxfp4", "unquantized"): "packed MXFP4 blocks and E8M0 scales would be loaded into bf16 layers",
+    ("mxfp8", "unquantized"): "E4M3 weights and their E8M0 scales would be loaded into bf16 layers",
+    ("mxfp8", "fp8_static"): "E8M0 per-32 block scales would be read as per-tensor float scales, and the kernel "
+                             "would read an input_scale the checkpoint never filled",
 })
 # Where a scheme family (schema.factory's scheme module) words a resolution otherwise than NVFP4 does: the words and
 # the consequence of a wrong routing, per (expected, got).
@@ -53,7 +56,8 @@ _FAMILY_CONSEQUENCE = {
 }
 _SCHEME_WORDS = {"weight_only": "weight-only NVFP4", "w4a4": "W4A4 NVFP4", "fp8_static": "static-activation FP8",
                  "fp8_dynamic": "dynamic-activation FP8", "fp8_block": "block-wise FP8", "w8a8_int8": "W8A8 INT8",
-                 "w4a8_fp8": "W4A8 (INT4 weights, FP8 activations)", "mxfp4": "MXFP4", "unquantized": "unquantized",
+                 "w4a8_fp8": "W4A8 (INT4 weights, FP8 activations)", "mxfp4": "MXFP4", "mxfp8": "MXFP8",
+                 "unquantized": "unquantized",
                  "rejected": "a rejected"}
 
 

@@ -16,6 +16,7 @@ from quantmatrix.checkpoints import producers
 from quantmatrix.checkpoints.lint import SCHEME, Declared, declared
 from quantmatrix.checkpoints.lint_int8 import INT8
 from quantmatrix.checkpoints.lint_mxfp4 import MXFP4
+from quantmatrix.checkpoints.lint_mxfp8 import MXFP8
 
 # Producers whose stored global scale is the quantizing one: vLLM decodes with its inverse.
 INVERTED_GLOBAL_SCALE = ("compressed-tensors",)
@@ -49,7 +50,7 @@ def dequantized_state(checkpoint_dir: Path) -> dict[str, Any]:
         return _int8_state(checkpoint_dir, d, tensors)
     if d.weights is not None:
         return _wna16_state(checkpoint_dir, d, tensors)
-    if d.family in FP8_BLOCKS:
+    if d.family in (*FP8_BLOCKS, MXFP8):
         return _fp8_state(checkpoint_dir, d, tensors)
     if d.family == MXFP4:
         return _mxfp4_state(checkpoint_dir, d, tensors)
@@ -98,10 +99,12 @@ def _mxfp4_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
 
 def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
     """The bf16 state of an FP8 export: every F8_E4M3 weight times its weight scale (per tensor, per channel or per
-    128x128 block) by vLLM's scaled_dequantize (adapter.fp8); activation scales dropped (they scale inputs)."""
+    128x128 block) by vLLM's scaled_dequantize (adapter.fp8), or (MXFP8) its E8M0 scale per 32 inputs by vLLM's
+    dequant_mxfp8_to_bf16 (adapter.mxfp4); activation scales dropped (they scale inputs)."""
     import torch
 
     from quantmatrix.adapter import fp8 as vllm_fp8
+    from quantmatrix.adapter import mxfp4 as vllm_mx
 
     names, skip = producers.leaves(d.producer, d.family), producers.quantized_leaves(d.family)
     state = {}
@@ -112,7 +115,14 @@ def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> di
             if scale is None:
                 raise ValueError(f"{checkpoint_dir}: {name} is FP8 but {module}.{names['block_scale']} is missing: "
                                  "the lint names it; this check cannot decode the weight")
-            state[f"{module}.weight"] = vllm_fp8.dequantize_fp8(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
+            if d.family != MXFP8:
+                state[f"{module}.weight"] = vllm_fp8.dequantize_fp8(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
+            elif tuple(scale.shape) == (*t.shape[:-1], t.shape[-1] // 32) and scale.dtype == torch.uint8:
+                state[f"{module}.weight"] = vllm_mx.dequantize_mxfp8(t, scale)
+            else:
+                raise ValueError(f"{checkpoint_dir}: {name} has no U8 E8M0 scale grid of shape "
+                                 f"{[*t.shape[:-1], t.shape[-1] // 32]}: the lint names it; this check cannot decode"
+                                 " it")
         elif leaf not in skip:
             state[name] = t
     return state

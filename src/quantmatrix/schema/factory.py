@@ -78,9 +78,12 @@ SCHEMES = {
     # MXFP4 (schemes.mxfp4): E2M1 weights in blocks of 32 with an E8M0 scale each, gpt-oss's fused experts only;
     # bf16 activations in the checkpoint (the backend may quantize them to MXFP8 itself)
     "mxfp4": FactoryScheme("mxfp4", models=("gpt_oss",)),
+    # MXFP8 (schemes.mxfp8): E4M3 weights with an E8M0 scale per 32 inputs (ModelOpt quant_algo MXFP8); bf16
+    # activations in the checkpoint, no input_scale (vLLM's MXFP8 MoE quantizes them itself where it wants to)
+    "mxfp8": FactoryScheme("mxfp8"),
 }
 PRODUCERS = {
-    "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8", "mixed"), forms=("config_json", "legacy"),
+    "modelopt": FactoryProducer("modelopt", writes=("nvfp4", "fp8", "mixed", "mxfp8"), forms=("config_json", "legacy"),
                                 keys=("quant_algo",)),
     "compressed-tensors": FactoryProducer("compressed_tensors",
                                           writes=("nvfp4", "fp8", "fp8_block", "wna16", "int8", "w4a8"),

@@ -14,9 +14,9 @@ VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (ada
 # per-token activations, or 128x128 weight blocks (dynamic per-group activations); INT8 weights per channel with
 # dynamic per-token INT8 activations; INT4 weights in groups with dynamic per-token FP8 activations; MXFP4 weights
 # (E8M0 scales per 32 inputs) with bf16 activations in the checkpoint, which the backend runs as bf16 or quantizes
-# to MXFP8 itself.
+# to MXFP8 itself; MXFP8 weights (E4M3, E8M0 scales per 32 inputs) with bf16 activations in the checkpoint.
 RESOLUTIONS = ("weight_only", "w4a4", "fp8_static", "fp8_dynamic", "fp8_block", "w8a8_int8", "w4a8_fp8", "mxfp4",
-               "unquantized", "rejected")
+               "mxfp8", "unquantized", "rejected")
 # What an NVFP4 MoE kernel can read; each producer names its tensors per role (checkpoints.producers, role_of).
 ROLES = ("weight", "block_scale", "global_scale", "input_scale", "zero_point", "g_idx", "weight_shape")
 ACTIVATION_SCALES = ("read", "not_read", "any")

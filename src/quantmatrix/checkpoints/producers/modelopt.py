@@ -5,6 +5,8 @@ NVFP4 (unified HF export): <m>.weight U8 [o, i/2], <m>.weight_scale F8_E4M3 [o, 
 <m>.weight_scale_2 F32 [] = amax/(6*448), <m>.input_scale F32 [] (W4A4). Calibration takes each expert's routed
 tokens, then syncs every input amax to the max over the layer's experts.
 FP8 (quant_algo FP8): <m>.weight F8_E4M3 [o, i], <m>.weight_scale F32 [] = amax/448, <m>.input_scale F32 [].
+MXFP8 (quant_algo MXFP8): <m>.weight F8_E4M3 [o, i], <m>.weight_scale U8 [o, i/32] (E8M0: each block of 32 inputs
+scaled by 2**ceil(log2(amax_b / 448)), the exponent biased by 127 and clamped to [0, 254]); no input_scale.
 MIXED_PRECISION: each projection in one of the above, declared per module in `quantized_layers` ({module:
 {"quant_algo": ..., "group_size": 16 for NVFP4}}, HF names); the bf16 ones listed in `ignore` (`exclude_modules`
 in hf_quant_config.json).
@@ -28,13 +30,15 @@ VERSION = "0.37.0"  # the ModelOpt release the configs claim
 E4M3_MIN_SUBNORMAL = 2.0**-9
 LEAVES = {"nvfp4": {"weight": "weight", "block_scale": "weight_scale", "global_scale": "weight_scale_2",
                     "input_scale": "input_scale"},
-          "fp8": {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale"}}
+          "fp8": {"weight": "weight", "block_scale": "weight_scale", "input_scale": "input_scale"},
+          "mxfp8": {"weight": "weight", "block_scale": "weight_scale"}}
 # Per scheme module: quant_algo, and the weights' (and quantized activations') config-group arguments.
 # (ModelOpt's FP8 is per-tensor weights with static per-tensor activations: quant_algo FP8.)
-_ALGO = {"nvfp4_weight_only": "NVFP4", "nvfp4_w4a4": "NVFP4", "fp8_static": "FP8"}
+_ALGO = {"nvfp4_weight_only": "NVFP4", "nvfp4_w4a4": "NVFP4", "fp8_static": "FP8", "mxfp8": "MXFP8"}
 MIXED, MIXED_ALGO = "mixed", "MIXED_PRECISION"  # the scheme module of per-module formats, and its quant_algo
 _ARGS = {"nvfp4": {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16},
-         "fp8": {"dynamic": False, "num_bits": 8, "type": "float"}}
+         "fp8": {"dynamic": False, "num_bits": 8, "type": "float"},
+         "mxfp8": {"dynamic": False, "num_bits": 8, "type": "float", "group_size": 32}}
 
 
 def nvfp4_scale_2(amax: torch.Tensor) -> torch.Tensor:
@@ -92,7 +96,24 @@ class _FP8:
     input_amax = staticmethod(_NVFP4.input_amax)
 
 
-RECIPES: dict[str, Any] = {"nvfp4": _NVFP4(), "fp8": _FP8()}
+class _MXFP8:
+    """ModelOpt's MXFP8QTensor (schemes.mxfp8.Recipe): per block of 32 inputs the smallest power of two that
+    brings the block's amax within E4M3's 448, as vLLM's own reference quantizer (_mxfp8_e4m3_quantize_torch)."""
+
+    @staticmethod
+    def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
+        from quantmatrix.checkpoints.schemes.mxfp8 import BLOCK, E4M3_MAX, E8M0_BIAS
+
+        blocks = w.float().unflatten(-1, (-1, BLOCK))
+        amax = blocks.abs().amax(-1).clamp(min=torch.finfo(torch.float32).tiny)
+        biased = (torch.ceil(torch.log2(amax / E4M3_MAX)) + E8M0_BIAS).clamp(0, 2 * E8M0_BIAS)
+        q = (blocks / torch.exp2(biased - E8M0_BIAS).unsqueeze(-1)).flatten(-2).to(torch.float8_e4m3fn)
+        return q, biased.to(torch.uint8)
+
+
+RECIPES: dict[str, Any] = {"nvfp4": _NVFP4(), "fp8": _FP8(), "mxfp8": _MXFP8()}
 # MIXED_PRECISION (schemes.mixed): each module named and computed as its own algo's scheme module does
 LEAVES[MIXED] = {**LEAVES["fp8"], **LEAVES["nvfp4"]}
 RECIPES[MIXED] = dict(RECIPES)
