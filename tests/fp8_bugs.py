@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import vllm_patch
+
 MODULES = {
     "vllm.model_executor.layers.fused_moe.routed_experts": "_routed_experts",
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
@@ -35,51 +37,11 @@ BUGS = ("input_scale_dropped", "dynamic_as_static", "block_scale_transposed", "f
 ENV = "QM_TEST_FP8_BUGS"  # {checkpoint directory: bug}, JSON
 RAN = "QM_TEST_FP8_BUGS_RAN"  # a file each bug appends its name to whenever its changed code runs
 
-_SITECUSTOMIZE = '''
-import importlib.abc
-import sys
-
-_MODULES = {modules!r}
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patch each of vLLM's modules above right after it executes (the test's hand-made vLLM changes)."""
-
-    def find_spec(self, name, path, target=None):
-        if name not in _MODULES:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            import importlib.util
-
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            import fp8_bugs
-
-            getattr(fp8_bugs, _MODULES[name])(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _PatchOnImport())
-'''
-
-
 def install(tmp: Path, bugs: dict[Path, str]) -> dict[str, str]:
-    """The environment under which every Python process carries the bugs, each for its checkpoint: PYTHONPATH
-    with a sitecustomize.py (and this tests/ directory) first."""
+    """The environment under which every Python process carries the bugs, each for its checkpoint."""
     assert set(bugs.values()) <= set(BUGS), bugs
-    where = tmp / "sitecustomize"
-    where.mkdir(exist_ok=True)
-    (where / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(modules=MODULES), encoding="utf-8")
-    path = [str(where), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(p for p in path if p),
+    patches = {module: f"fp8_bugs.{function}" for module, function in MODULES.items()}
+    return {"PYTHONPATH": vllm_patch.install(tmp, patches),
             ENV: json.dumps({str(Path(c).resolve()): bug for c, bug in bugs.items()}), RAN: str(tmp / "ran.txt")}
 
 
@@ -99,15 +61,9 @@ def _bugs() -> dict[str, str]:
 
 
 def _now() -> str | None:
-    """The bug of the checkpoint vLLM is building or loading now (its current config's model), None otherwise."""
-    from vllm.config import get_current_vllm_config
-
-    try:
-        model = get_current_vllm_config().model_config
-    except Exception:  # noqa: BLE001 - outside a config: nothing of ours is loading
-        return None
-    path = getattr(model, "model", None)
-    return _bugs().get(str(Path(path).resolve())) if path else None
+    """The bug of the checkpoint vLLM is building or loading now, None otherwise."""
+    checkpoint = vllm_patch.checkpoint_now()
+    return _bugs().get(checkpoint) if checkpoint else None
 
 
 def _routed_experts(module: Any) -> None:

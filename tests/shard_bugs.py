@@ -22,63 +22,23 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import vllm_patch
+
 MODULE = "vllm.model_executor.layers.fused_moe.routed_experts"
 BUGS = ("block_scale_input_dim", "gate_up_swapped_odd_ranks", "input_scale_every_rank")
 ENV = "QM_TEST_SHARD_BUGS"  # {checkpoint directory: bug}, JSON
 
-_SITECUSTOMIZE = '''
-import importlib.abc
-import sys
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patch {module} right after it executes (the test's hand-made vLLM changes)."""
-
-    def find_spec(self, name, path, target=None):
-        if name != {module!r}:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            import shard_bugs
-
-            shard_bugs.apply(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _PatchOnImport())
-'''
-
-
 def install(tmp: Path, bugs: dict[Path, str]) -> dict[str, str]:
-    """The environment under which every Python process carries the bugs, each for its checkpoint: PYTHONPATH
-    with a sitecustomize.py (and this tests/ directory) first."""
+    """The environment under which every Python process carries the bugs, each for its checkpoint."""
     assert set(bugs.values()) <= set(BUGS), bugs
-    where = tmp / "sitecustomize"
-    where.mkdir(exist_ok=True)
-    (where / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(module=MODULE), encoding="utf-8")
-    path = [str(where), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(p for p in path if p),
+    return {"PYTHONPATH": vllm_patch.install(tmp, {MODULE: "shard_bugs.apply"}),
             ENV: json.dumps({str(Path(c).resolve()): bug for c, bug in bugs.items()})}
 
 
 def _now() -> str | None:
-    """The bug of the checkpoint vLLM is loading now (its current config's model), None for any other."""
-    from vllm.config import get_current_vllm_config
-
-    try:
-        model = get_current_vllm_config().model_config
-    except Exception:  # noqa: BLE001 - outside a config: nothing of ours is loading
-        return None
-    path = getattr(model, "model", None)
-    return json.loads(os.environ.get(ENV, "{}")).get(str(Path(path).resolve())) if path else None
+    """The bug of the checkpoint vLLM is loading now, None for any other."""
+    checkpoint = vllm_patch.checkpoint_now()
+    return json.loads(os.environ.get(ENV, "{}")).get(checkpoint) if checkpoint else None
 
 
 def apply(module: Any) -> None:

@@ -18,59 +18,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+import vllm_patch
+
 CT_MOE = ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
           "compressed_tensors_moe")
 QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"
 BUGS = {"ct_wna16_unquantized": CT_MOE, "awq_sequential_order": QUANT_UTILS}
 ENV = "QM_TEST_WNA16_BUGS"  # JSON list of the bugs this process carries
 
-_SITECUSTOMIZE = '''
-import importlib.abc
-import sys
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patch the modules of the test's hand-made vLLM changes right after each executes."""
-
-    pending = set({modules!r})
-
-    def find_spec(self, name, path, target=None):
-        if name not in self.pending:
-            return None
-        self.pending.discard(name)
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            import wna16_bugs
-
-            wna16_bugs.apply(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _PatchOnImport())
-'''
-
-
 def install(tmp: Path, bugs: list[str]) -> dict[str, str]:
-    """The environment under which every Python process carries `bugs`: PYTHONPATH with a sitecustomize.py (and
-    this tests/ directory) first."""
+    """The environment under which every Python process carries `bugs`."""
     assert set(bugs) <= set(BUGS), bugs
-    where = tmp / "sitecustomize"
-    where.mkdir(exist_ok=True)
-    modules = sorted({BUGS[b] for b in bugs})
-    (where / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(modules=modules), encoding="utf-8")
-    path = [str(where), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
-    return {"PYTHONPATH": os.pathsep.join(p for p in path if p), ENV: json.dumps(sorted(bugs))}
+    return {"PYTHONPATH": vllm_patch.install(tmp, {BUGS[b]: "wna16_bugs.apply" for b in bugs}),
+            ENV: json.dumps(sorted(bugs))}
 
 
 def _active(bug: str) -> bool:
