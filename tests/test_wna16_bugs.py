@@ -25,11 +25,18 @@ NODES = {
 }
 
 
-def _child(tmp: Path, bugs: list[str]) -> dict[str, tuple[str, str]]:
-    """One child pytest over NODES carrying `bugs`: case -> (outcome, message)."""
+# the sharding bug, in a run of its own (awq_sequential_order would also move the AWQ decode rank_shards reads)
+SHARD_NODES = {
+    f"rank_shards[{AWQ}@{AT}-tp2]": "suites/test_layers.py::test_rank_shards",
+    f"rank_shards[{GPTQ}@{AT}-tp2]": "suites/test_layers.py::test_rank_shards",
+}
+
+
+def _child(tmp: Path, bugs: list[str], cases: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """One child pytest over `cases` carrying `bugs`: case -> (outcome, message)."""
     env = {**os.environ, **wna16_bugs.install(tmp, bugs)} if bugs else dict(os.environ)
     junit = tmp / "junit.xml"
-    nodes = [f"{path}[{case.split('[', 1)[1]}" for case, path in NODES.items()]
+    nodes = [f"{path}[{case.split('[', 1)[1]}" for case, path in cases.items()]
     done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-q", "-n", "0",
                            f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -39,22 +46,28 @@ def _child(tmp: Path, bugs: list[str]) -> dict[str, tuple[str, str]]:
         bad = [r for r in case.result if isinstance(r, Failure)]
         key = f"{case.name.removeprefix('test_')}"
         out[key] = ("failed" if bad else "passed", (bad[0].message or "").removeprefix("Failed: ") if bad else "")
-    assert set(out) == set(NODES), done.stdout[-3000:]
+    assert set(out) == set(cases), done.stdout[-3000:]
     return out
 
 
 @pytest.fixture(scope="module")
 def bugged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
-    return _child(tmp_path_factory.mktemp("wna16-bugs"), list(wna16_bugs.BUGS))
+    bugs = [b for b in wna16_bugs.BUGS if b != "qzeros_next_rank"]
+    return _child(tmp_path_factory.mktemp("wna16-bugs"), bugs, NODES)
+
+
+@pytest.fixture(scope="module")
+def shard_bugged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    return _child(tmp_path_factory.mktemp("wna16-shard-bug"), ["qzeros_next_rank"], SHARD_NODES)
 
 
 @pytest.fixture(scope="module")
 def unchanged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
-    return _child(tmp_path_factory.mktemp("wna16-unchanged"), [])
+    return _child(tmp_path_factory.mktemp("wna16-unchanged"), [], {**NODES, **SHARD_NODES})
 
 
 def test_the_same_cases_are_green_on_the_unchanged_vllm(unchanged):
-    assert unchanged == {case: ("passed", "") for case in NODES}
+    assert unchanged == {case: ("passed", "") for case in {**NODES, **SHARD_NODES}}
 
 
 def test_the_cases_no_bug_touches_stay_green_in_the_bugged_run(bugged):
@@ -81,3 +94,18 @@ def test_awq_read_in_gptq_order_is_red_on_the_decoded_logits(bugged):
     assert message.startswith(f"{AWQ}@{AT} dequant_logits: dequantized model strays from bf16: logit relative error "
                               ), message
     assert "(bound 0.35)" in message and float(message.split("logit relative error ")[1].split()[0]) > 0.5, message
+
+
+def test_zero_points_sliced_from_the_next_rank_are_red_naming_rank_tensor_expert_and_slice(shard_bugged):
+    """MoeWNA16's w13 zero points of rank r taken from rank r+1's part: every w13_qzeros slot of both ranks is red,
+    saying which part it holds; GPTQ (symmetric: MoeWNA16 loads no zero points) stays green in the same run."""
+    outcome, message = shard_bugged[f"rank_shards[{AWQ}@{AT}-tp2]"]
+    assert outcome == "failed"
+    fused, experts = "model.layers.0.mlp.experts.routed_experts", "model.layers.0.mlp.experts"
+    # 2 ranks x 2 layers x 4 experts x (gate, up), in the logical form: [out, groups] zero points of 64 outputs
+    assert message.startswith(f"{AWQ}@{AT}-tp2 rank_shards: 32 slot(s) under layout tp2 differ from the reference "
+                              "split of the checkpoint's files: "), message
+    assert (f"rank 0 {fused}.w13_qzeros (expert 0) [0:32, 0:2] must hold {experts}.0.gate_proj.qzeros[0:32, 0:2]: "
+            f"wrong (holds {experts}.0.gate_proj.qzeros[32:64, 0:2] (rank 1's part) instead)") in message, message
+    assert message.count(": wrong") == 8 and message.endswith("; and 24 more") and "qweight" not in message
+    assert shard_bugged[f"rank_shards[{GPTQ}@{AT}-tp2]"] == ("passed", "")

@@ -9,12 +9,17 @@ on PYTHONPATH. A bug acts in the whole child run; the test picks cases the other
 - awq_sequential_order: vLLM's AWQ packing helper (`quant_utils.awq_pack`) loses its interleave and packs in GPTQ's
   sequential order, so whatever reads AWQ's order off it (the dequant_logits decode) reads AWQ's qweight and qzeros
   in GPTQ order.
+- qzeros_next_rank: MoeWNA16Method's loader (moe_wna16.py, which GPTQ and AWQ fall back to) gives each
+  tensor-parallel rank the next rank's part of the w13 zero points (an off-by-one in the rank it slices), so under
+  tp 2 the ranks' gate and up zero points are swapped; the shapes still fit and nothing is refused.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,8 @@ import vllm_patch
 CT_MOE = ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe."
           "compressed_tensors_moe")
 QUANT_UTILS = "vllm.model_executor.layers.quantization.utils.quant_utils"
-BUGS = {"ct_wna16_unquantized": CT_MOE, "awq_sequential_order": QUANT_UTILS}
+MOE_WNA16 = "vllm.model_executor.layers.quantization.moe_wna16"
+BUGS = {"ct_wna16_unquantized": CT_MOE, "awq_sequential_order": QUANT_UTILS, "qzeros_next_rank": MOE_WNA16}
 ENV = "QM_TEST_WNA16_BUGS"  # JSON list of the bugs this process carries
 
 def install(tmp: Path, bugs: list[str]) -> dict[str, str]:
@@ -42,6 +48,8 @@ def apply(module: Any) -> None:
         _ct_wna16_unquantized(module.CompressedTensorsMoEMethod)
     if module.__name__ == QUANT_UTILS and _active("awq_sequential_order"):
         module.awq_pack = _sequential_pack(module.pack_cols)
+    if module.__name__ == MOE_WNA16 and _active("qzeros_next_rank"):
+        _qzeros_next_rank(module.MoeWNA16Method)
 
 
 def _ct_wna16_unquantized(cls: Any) -> None:
@@ -64,3 +72,15 @@ def _sequential_pack(pack_cols: Any) -> Any:
         return pack_cols(q_w, num_bits, size_k, size_n)  # the bug: no AWQ interleave
 
     return awq_pack
+
+
+def _qzeros_next_rank(cls: Any) -> None:
+    """A source edit of MoeWNA16Method.get_weight_loader, compiled in the module's namespace."""
+    source = textwrap.dedent(inspect.getsource(cls.get_weight_loader))
+    own = "\n            )[tp_rank]\n"  # the w13_qzeros slice: view(tp_size, -1, groups)[tp_rank]
+    assert source.count(own) == 1 and "w13_qzeros" in source, "vLLM's MoeWNA16 loader moved: update wna16_bugs.py"
+    source = source.replace(own, "\n            )[(tp_rank + 1) % layer.moe_config.tp_size]\n")  # the bug
+    namespace: dict[str, Any] = {}
+    exec(compile(source.replace("@staticmethod\n", "", 1), inspect.getsourcefile(cls) or MOE_WNA16, "exec"),  # noqa: S102
+         vars(inspect.getmodule(cls)), namespace)
+    cls.get_weight_loader = staticmethod(namespace["get_weight_loader"])

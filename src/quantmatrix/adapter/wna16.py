@@ -52,3 +52,34 @@ def unpack(packed: Any, bits: int, packed_dim: int, slot_order: str) -> Any:
     ordered = runs.clone()
     ordered[..., slots] = runs
     return ordered.reshape(*ordered.shape[:-2], -1).movedim(-1, packed_dim)
+
+
+# How vLLM's WNA16 MoE methods store what their weight_loaders write (before process_weights_after_loading), per
+# parameter leaf: (packing, the axis of an expert row the codes are packed along). "bytes": MoeWNA16Method's
+# standard format (moe_wna16.py moe_wna16_weight_loader: GPTQ and AWQ converted to [out, in] rows, 8 // bits codes
+# per uint8, low bits first; zero points packed along the outputs); "int32": compressed-tensors keeps its
+# checkpoint's sequential int32 packing. Leaves not named are stored as their logical [out, in or groups] values.
+STORED = {"MoeWNA16Method": {"qweight": ("bytes", 1), "qzeros": ("bytes", 0)},
+          "CompressedTensorsWNA16MoEMethod": {"weight_packed": ("int32", 1), "weight_zero_point": ("int32", 0)}}
+
+
+def unpack_bytes(packed: Any, bits: int, dim: int) -> Any:
+    """The unsigned codes of a uint8 tensor holding 8 // bits codes per byte along `dim`, low bits first."""
+    import torch
+
+    per = 8 // bits
+    runs = packed.movedim(dim, -1).to(torch.int32)
+    codes = torch.stack([(runs >> (bits * k)) & ((1 << bits) - 1) for k in range(per)], dim=-1)
+    return codes.reshape(*runs.shape[:-1], -1).movedim(-1, dim)
+
+
+def logical_param(method: str, leaf: str, stored: Any, bits: int) -> Any:
+    """A fused expert parameter (experts first) as the logical codes, zero points or scales its rows hold
+    ([experts, out, in or groups]), undoing the method's storage (STORED); unchanged where it stores them plain."""
+    how = STORED.get(method, {}).get(leaf)
+    if how is None or stored.dim() < 2:
+        return stored
+    packing, axis = how
+    if packing == "bytes":
+        return unpack_bytes(stored, bits, axis + 1)
+    return unpack(stored, bits, axis + 1, "sequential")

@@ -128,7 +128,7 @@ def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> di
     return state
 
 
-def _oriented(t: Any, words: tuple[str, ...], bits: int, slot_order: str) -> Any:
+def oriented(t: Any, words: tuple[str, ...], bits: int, slot_order: str) -> Any:
     """A stored WNA16 tensor as [out, in or groups]: unpacked along its packed dimension by vLLM's helpers,
     transposed where the producer stores the inputs (or groups) first."""
     packed_dim = next((i for i, w in enumerate(words) if w.endswith("/pack")), None)
@@ -162,10 +162,10 @@ def _wna16_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
         if scales not in tensors or (not w.symmetric and zeros not in tensors):
             raise ValueError(f"{checkpoint_dir}: {name} is packed int{w.bits} but its scales or zero points are "
                              "missing: the lint names it; this check cannot decode the weight")
-        codes = _oriented(t, dims["weight"][0], w.bits, pk["slot_order"])
-        scale = _oriented(tensors[scales], dims["block_scale"][0], w.bits, pk["slot_order"]).float()
+        codes = oriented(t, dims["weight"][0], w.bits, pk["slot_order"])
+        scale = oriented(tensors[scales], dims["block_scale"][0], w.bits, pk["slot_order"]).float()
         zero = torch.full_like(scale, 2 ** (w.bits - 1)) if w.symmetric else (
-            _oriented(tensors[zeros], dims["zero_point"][0], w.bits, pk["slot_order"]) + pk["zero_offset"])
+            oriented(tensors[zeros], dims["zero_point"][0], w.bits, pk["slot_order"]) + pk["zero_offset"])
         size = codes.shape[1] if w.group_size == -1 else w.group_size
         g_idx = tensors.get(f"{module}.{names.get('g_idx')}")
         group = (g_idx if g_idx is not None else torch.arange(codes.shape[1]) // size).long()

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from quantmatrix.adapter import kernel, layers, loaders, parallel
+from quantmatrix.adapter import kernel, layers, loaders, parallel, wna16
 from quantmatrix.adapter.kernel import KernelFormat
 from quantmatrix.adapter.parallel import RankFacts
 from quantmatrix.adapter.roles import fused_parts
@@ -91,10 +91,19 @@ def _load(built: list[layers.MoELayer], tensors: Callable[[], Any], rank: int, j
         for u in undo:
             u()
     params = {n: p for one in loaded for n, p in one.params.items()}
-    found, compared = shards.compare_rank(params, facts, rank, job.tp, job.ep, ck)
+    found, compared = shards.compare_rank(_logical(params, built[0].method, ck), facts, rank, job.tp, job.ep, ck)
     global_params = [n for n, p in params.items() if fused_parts(n) and p.dim() and len(facts.experts)
                      != facts.global_experts == p.shape[0]]
     return _Shared(loaded, facts, found, compared, sorted(set(strays)), global_params)
+
+
+def _logical(params: dict[str, torch.Tensor], method: str, ck: split.Checkpoint) -> dict[str, torch.Tensor]:
+    """The loaded fused expert parameters in the form the checkpoint is split in (logical codes, zero points and
+    scales for packed integer checkpoints: measure.logical), the rest as loaded."""
+    if ck.logical is None:
+        return params
+    return {n: wna16.logical_param(method, parts[2], p.data, ck.logical.bits) if (parts := fused_parts(n)) else p
+            for n, p in params.items()}
 
 
 _MARK = 0xC3  # fills a parameter while a loader writes an expert this rank does not hold: what changed was written
@@ -112,10 +121,12 @@ def _recording(original: Callable[..., Any], experts: Any, name: str,
             return original(*args, **kwargs)
         before = param.data.clone()
         param.data.view(torch.uint8).fill_(_MARK)
-        result = original(*args, **kwargs)
-        written = param.data.view(torch.uint8) != _MARK
-        param.data.view(torch.uint8).copy_(torch.where(written, param.data.view(torch.uint8),
-                                                       before.view(torch.uint8)))
+        try:
+            result = original(*args, **kwargs)
+        finally:  # a loader that raises (an index past the rank's rows) must not leave the mark behind
+            written = param.data.view(torch.uint8) != _MARK
+            param.data.view(torch.uint8).copy_(torch.where(written, param.data.view(torch.uint8),
+                                                           before.view(torch.uint8)))
         if result is not False:
             rows = written.reshape(param.shape[0], -1).any(dim=1) if param.dim() else written.reshape(-1).any(0, True)
             strays.append((name, expert, tuple(int(r) for r in torch.nonzero(rows).flatten())))

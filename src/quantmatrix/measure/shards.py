@@ -37,6 +37,8 @@ def compare_rank(params: Mapping[str, torch.Tensor], facts: RankFacts, rank: int
     findings = _rank_facts(rank, facts, tp, ep)
     compared = 0
     for name, p in params.items():
+        if p.numel() == 0:
+            continue  # registered only to be loaded into nothing (GPTQ's symmetric qzeros under MoeWNA16Method)
         parts = fused_parts(name)
         if parts is None:
             found, n = _whole(rank, name, p, ck)
@@ -97,7 +99,7 @@ def _fused(rank: int, name: str, p: torch.Tensor, parts: tuple[str, str, str], f
             if src is None or ck.malformed(src):
                 continue  # nothing to load there: the audit (unloaded) and the lint (malformed) name it
             projection = src.split(".")[-2]
-            where = place(shard, ck.headers[src].shape, tuple(p.shape[1:]), tp_rank, ranks, role_of(leaf),
+            where = place(shard, ck.shape(src), tuple(p.shape[1:]), tp_rank, ranks, role_of(leaf),
                           ck.unit(module, projection, leaf, shard))
             if isinstance(where, tuple):
                 findings.append(ShardFinding(rank, name, where[0], expert, source=src, detail=where[1]))
@@ -137,7 +139,7 @@ def _alternatives(ck: Checkpoint, module: str, expert: int, fused: str, leaf: st
             src = source_name(ck, module, e, shard, leaf)
             if src is None or ck.malformed(src):
                 continue
-            shape = ck.headers[src].shape
+            shape = ck.shape(src)
             split_ranks = range(ranks) if not flat and split_axis(shard, shape, role_of(leaf)) is not None else (0,)
             unit = ck.unit(module, src.split(".")[-2], leaf, shard)
             for r in split_ranks:

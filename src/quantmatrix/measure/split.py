@@ -28,8 +28,12 @@ import torch
 from quantmatrix.adapter.roles import FUSED_SHARDS, SHARDS
 from quantmatrix.checkpoints.lint import read_headers
 from quantmatrix.checkpoints.producers import role_of
+from quantmatrix.measure.logical import Logical
 
 _IN_AXIS_ONLY = frozenset({"g_idx"})  # roles indexed by input feature alone: whole on column-parallel ranks
+# roles that describe the whole projection (compressed-tensors' weight_shape, [out, in]): whole on every rank, each
+# shard writing the whole of its expert row (gate and up say the same)
+_WHOLE_ROW = frozenset({"weight_shape"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,8 @@ class Place:
 
 def split_axis(shard: str, shape: Sequence[int], role: str) -> int | None:
     """The axis a tensor of shard `shard` is split along over tensor-parallel ranks; None: whole on every rank."""
+    if role in _WHOLE_ROW:
+        return None
     if shard == "w2":  # row parallel: the input axis
         axis = len(shape) - 1 if len(shape) >= 2 or role in _IN_AXIS_ONLY else None
     else:  # column parallel: the output axis
@@ -90,6 +96,8 @@ def place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, rank
     """The reference place of a rank's part of one checkpoint tensor in its expert row, or (kind, why) where the
     row cannot hold it (`shape`) or no rule places these shapes (`unplaced`). A two-dimensional row that cannot
     hold the part as the checkpoint lays it out but can hold it transposed is taken as stored transposed."""
+    if role in _WHOLE_ROW and math.prod(row) == math.prod(source):
+        return Place((slice(0, math.prod(source)),), (slice(0, math.prod(row)),), flat=True)
     if math.prod(source) == 1:
         if math.prod(row) == 1:
             return Place((slice(0, 1),), (slice(0, 1),), flat=True)
@@ -128,7 +136,13 @@ def _place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, ran
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Byte-exact (NaN equals NaN): b is cast to a's dtype first, as vLLM's copy_ casts what it loads."""
     b = b.to(a.dtype)
-    return a.shape == b.shape and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+    return a.shape == b.shape and bool(torch.equal(_bytes(a), _bytes(b)))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in row-major order (a copy with standard strides: contiguous() keeps a size-1 axis's
+    stride, which a byte view refuses)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t).view(torch.uint8)
 
 
 def slices(s: Sequence[slice]) -> str:
@@ -138,30 +152,39 @@ def slices(s: Sequence[slice]) -> str:
 class Checkpoint:
     """A checkpoint's MoE tensors from its files: shapes from the headers (validated), data on demand; per
     (experts module, projection, leaf) the canonical shape, the one most experts share (a tensor of another shape is
-    malformed: the lint names it, the split leaves it out)."""
+    malformed: the lint names it, the split leaves it out). Packed integer tensors (WNA16) are taken in their
+    logical form (Logical): codes, zero points and scales as [out, in or groups], which is what splits over ranks
+    whichever way a producer packs or transposes them."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.headers, _, _ = read_headers(path)
+        self.logical = Logical.of(path)
         self._data: dict[str, torch.Tensor] = {}
         shapes: dict[tuple[str, str, str], list[tuple[int, ...]]] = collections.defaultdict(list)
-        for name, t in self.headers.items():
+        for name in self.headers:
             key = expert_key(name)
             if key is not None:
-                shapes[key[0], key[2], key[3]].append(t.shape)
+                shapes[key[0], key[2], key[3]].append(self.shape(name))
         self.canonical = {k: collections.Counter(v).most_common(1)[0][0] for k, v in shapes.items()}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The tensor's shape in the form the split compares (logical for packed integer tensors)."""
+        shape = tuple(self.headers[name].shape)
+        return shape if self.logical is None else self.logical.shape(name, shape)
 
     def tensor(self, name: str) -> torch.Tensor:
         if name not in self._data:
             from safetensors import safe_open
 
             with safe_open(str(self.headers[name].file), framework="pt") as f:
-                self._data[name] = f.get_tensor(name)
+                raw = f.get_tensor(name)
+            self._data[name] = raw if self.logical is None else self.logical.tensor(name, raw)
         return self._data[name]
 
     def malformed(self, name: str) -> bool:
         key = expert_key(name)
-        return key is not None and self.headers[name].shape != self.canonical[key[0], key[2], key[3]]
+        return key is not None and self.shape(name) != self.canonical[key[0], key[2], key[3]]
 
     def unit(self, module: str, projection: str, leaf: str, shard: str) -> int:
         """Elements of this tensor per block along its split axis: its extent over the coarsest extent its
