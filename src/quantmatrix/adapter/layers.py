@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter import config, families, parallel, simulate
+from quantmatrix.adapter import config, families, gpt_oss, parallel, simulate
 from quantmatrix.adapter.versions import Span, pick
 from quantmatrix.errors import AdapterMismatch
 
@@ -60,6 +60,14 @@ class MoELayer:
     def parameters(self) -> dict[str, Any]:
         return dict(self.block.named_parameters())
 
+    def padding(self) -> dict[str, tuple[int, ...]]:
+        """Per padded fused parameter, the corner of an expert row the loader fills (the rest is vLLM's zeros):
+        gpt-oss's MXFP4 rounds hidden and intermediate up for its kernel (adapter.gpt_oss.corners)."""
+        if not gpt_oss.owns(self.block):
+            return {}
+        hf = self.vllm_config.model_config.hf_config
+        return {self.prefix + n: c for n, c in gpt_oss.corners(self.block, self.experts, hf).items()}
+
     @property
     def hidden_size(self) -> int:
         """The width of the hidden states the block takes (tokens x hidden_size)."""
@@ -70,8 +78,11 @@ class MoELayer:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.models.utils import AutoWeightsLoader
 
-        local = [(name[len(self.prefix):], t) for name, t in tensors if name.startswith(self.prefix)]
+        mine = [(name, t) for name, t in tensors if name.startswith(self.prefix)]
+        local = [(name[len(self.prefix):], t) for name, t in mine]
         with set_current_vllm_config(self.vllm_config), simulate.without(self.simulated_without):
+            if gpt_oss.owns(self.block):  # its fused tensors load through GptOssModel's own loader
+                return gpt_oss.load(self.block, self.prefix, self.vllm_config, mine)
             return set(AutoWeightsLoader(self.block).load_weights(local))
 
 

@@ -42,11 +42,20 @@ def is_fused_expert(param_name: str) -> bool:
     return _FUSED.fullmatch(param_name) is not None
 
 
+# gpt-oss's fused checkpoint tensors (all experts in one; GptOssForCausalLM.hf_to_vllm_mapper): `w13_weight` is
+# loaded from `gate_up_proj_blocks`, `w2_weight_scale` from `down_proj_scales`, ...
+_GPT_OSS_PROJECTIONS = {"w13": "gate_up_proj", "w2": "down_proj"}
+_GPT_OSS_LEAVES = {"weight": "blocks", "weight_scale": "scales", "bias": "bias"}
+
+
 def checkpoint_names(param_name: str, experts: tuple[int, ...]) -> tuple[str, ...]:
     """The parameter's own name, then the checkpoint tensors its expert rows `experts` are loaded from (a fused
-    parameter: every projection it fuses, in both namings); any other parameter is only its own name."""
+    parameter: every projection it fuses, in both namings, and gpt-oss's fused tensor); any other parameter is only
+    its own name."""
     m = _FUSED.fullmatch(param_name)
     if m is None:
         return (param_name,)
+    fused = (f"{m['module']}.{_GPT_OSS_PROJECTIONS[m['fused']]}_{_GPT_OSS_LEAVES[m['leaf']]}",) \
+        if m["leaf"] in _GPT_OSS_LEAVES else ()
     return (param_name, *(f"{m['module']}.{e}.{proj}.{m['leaf']}" for e in experts
-                          for proj in _PROJECTIONS[m["fused"]]))
+                          for proj in _PROJECTIONS[m["fused"]]), *fused)

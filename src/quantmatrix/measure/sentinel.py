@@ -33,10 +33,12 @@ _PAYLOAD_NAN = {torch.bfloat16: (torch.int16, 0x7FC5), torch.float16: (torch.int
                 torch.float32: (torch.int32, 0x7FC5A5A5), torch.float64: (torch.int64, 0x7FF8A5A5A5A5A5A5)}
 
 
-def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
+def fill(params: Mapping[str, torch.Tensor], pass_index: int, padding: Mapping[str, tuple[int, ...]] = {}) -> None:
+    """The pass's sentinel in every element, but vLLM's padding (`padding`: per parameter, the corner of an expert
+    row the loader fills), which keeps the zeros vLLM created it with: no checkpoint tensor is meant to reach it."""
     fsent, bsent = SENTINELS[pass_index]
     with torch.no_grad():
-        for p in params.values():
+        for name, p in params.items():
             if p.dtype.is_floating_point and p.element_size() > 1:
                 if pass_index == 0:
                     p.data.fill_(fsent)
@@ -45,6 +47,10 @@ def fill(params: Mapping[str, torch.Tensor], pass_index: int) -> None:
                     p.data.view(view).fill_(bits)
             else:  # uint8 packed weights, fp8 block scales: fill the bytes
                 p.data.view(torch.uint8).fill_(bsent)
+            if name in padding:
+                outside = torch.ones(p.shape, dtype=torch.bool)
+                outside[(slice(None), *(slice(0, c) for c in padding[name]))] = False
+                p.data[outside] = 0
 
 
 def held_sentinel(p: torch.Tensor, pass_index: int) -> torch.Tensor:
@@ -91,10 +97,11 @@ class Loaded:
 def load_twice(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> Loaded:
     """Fill, load the checkpoint's tensors one at a time (so a refusal names its tensor), twice."""
     params = {layer.prefix + n: p for n, p in layer.parameters().items()}
+    padding = layer.padding()
     masks = []
     refused: dict[str, str] = {}
     for pass_index in range(len(SENTINELS)):
-        fill(params, pass_index)
+        fill(params, pass_index, padding)
         for name, tensor in tensors():
             if not name.startswith(layer.prefix):
                 continue

@@ -1,0 +1,74 @@
+"""gpt-oss's own weight loading (vLLM 0.32 models/gpt_oss.py): GptOssModel.load_weights, not the MoE block's
+weight_loaders alone, maps the checkpoint's fused names (`gate_up_proj_blocks` -> `w13_weight`, through
+GptOssForCausalLM.hf_to_vllm_mapper) and slices each fused MXFP4 tensor for the rank (`_load_weights_mxfp4`: w13
+rows 2 x tp_rank x its part, w2 columns per 32 inputs, whole experts under expert parallel). The layer checks feed
+a gpt-oss MLPBlock through that loader, with the block standing in for the model: a module holding it at
+`layers.<i>.mlp`, as GptOssModel holds it, so that vLLM's own code names, slices and loads every tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+BLOCK = "MLPBlock"  # gpt-oss's MoE block class (adapter.layers builds it)
+_MODEL = "vllm.model_executor.models.gpt_oss"
+
+
+def owns(block: Any) -> bool:
+    """Whether the block is gpt-oss's, whose tensors only GptOssModel's loader can load."""
+    return type(block).__name__ == BLOCK and type(block).__module__ == _MODEL
+
+
+def load(block: Any, prefix: str, vllm_config: Any, tensors: Iterable[tuple[str, Any]]) -> set[str]:
+    """Feed checkpoint tensors (checkpoint names, under `prefix` = `model.layers.<i>.mlp.`) through GptOssModel's
+    loader; returns the checkpoint names it loaded."""
+    import importlib
+
+    import torch
+
+    model = importlib.import_module(_MODEL)
+    parts = prefix.rstrip(".").split(".")
+    if parts[:2] != ["model", "layers"] or len(parts) != 4 or not parts[2].isdigit():
+        raise ValueError(f"{prefix!r} is not a gpt-oss block prefix (model.layers.<i>.mlp.)")
+
+    class StandIn(torch.nn.Module):
+        """GptOssModel with only this block: its config and parallel config, its loader."""
+
+        load_weights = model.GptOssModel.load_weights
+        _load_weights_mxfp4 = model.GptOssModel._load_weights_mxfp4
+        _try_load_streamed_expert = model.GptOssModel._try_load_streamed_expert
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = vllm_config.model_config.hf_config
+            self.parallel_config = vllm_config.parallel_config
+            self.layers = torch.nn.ModuleDict({parts[2]: torch.nn.ModuleDict({parts[3]: block})})
+
+    local = f"layers.{parts[2]}.{parts[3]}."
+    mapped = [(name.removeprefix("model."), t) for name, t in model.GptOssForCausalLM.hf_to_vllm_mapper.apply(
+        (name, t) for name, t in tensors if name.startswith(prefix))]
+    return {n.removeprefix(local) for n in StandIn().load_weights(mapped)}
+
+
+def corners(block: Any, experts: Any, hf_config: Any) -> dict[str, tuple[int, ...]]:
+    """Per fused expert parameter (the block's own names), the corner of an expert row its loader fills: the
+    checkpoint's extent before the MXFP4 method rounded hidden and intermediate up for its kernel
+    (mxfp4_round_up_hidden_size_and_intermediate_size; `_copy_to_expert` writes the front corner only). The rest
+    of the row is vLLM's padding, zeros from create_weights; {} where nothing is padded. vLLM's fused parameters
+    are [experts, out, in-derived]: w13 rows scale with the intermediate size, their columns with the hidden size,
+    w2 the other way round."""
+    config = experts.moe_config.moe_parallel_config
+    hidden, inter = int(hf_config.hidden_size), int(hf_config.intermediate_size) // int(config.tp_size)
+    padded_hidden, padded_inter = int(experts.hidden_size), int(experts.intermediate_size_per_partition)
+    if (hidden, inter) == (padded_hidden, padded_inter):
+        return {}
+    out = {}
+    for name, p in block.named_parameters():
+        last = name.rsplit(".", 1)[-1]
+        if not last.startswith(("w13_", "w2_")) or p.dim() < 2:
+            continue
+        ratios = ((inter, padded_inter), (hidden, padded_hidden))
+        if last.startswith("w2_"):
+            ratios = ratios[::-1]
+        out[name] = tuple(size * n // d for size, (n, d) in zip(p.shape[1:], ratios, strict=False))
+    return out
