@@ -52,9 +52,9 @@ def _layer_run(pytester: pytest.Pytester, *extra: str, marks: str = "sm121 and d
 def test_layer_checks_pass_on_installed_vllm(pytester):
     """Every layer-dispatch, audit and rank-shards case of the default matrix passes on unmodified vLLM (simulated
     sm121), in every parallel layout: tp 2 and expert parallel 2 for every quantized NVFP4 checkpoint, one FP8
-    export per producer, the healthy MIXED_PRECISION one, the W8A8 INT8 one, the WNA16 ones vLLM builds and two
-    MXFP8 ones, tp 4 for the healthy exports, and tp 8, which cannot split their NVFP4 groups, refused by vLLM as it
-    must be."""
+    export per producer, the healthy MIXED_PRECISION one, the W8A8 INT8 one, the WNA16 ones vLLM builds, two
+    MXFP8 ones and the gpt-oss MXFP4 one, tp 4 for the healthy exports, and tp 8, which cannot split their NVFP4
+    groups, refused by vLLM as it must be."""
     result = _layer_run(pytester, "-rA", checks="layer_dispatch or post_load_audit or rank_shards")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, result.outlines[-30:]
@@ -62,12 +62,12 @@ def test_layer_checks_pass_on_installed_vllm(pytester):
     assert outcomes["passed"] >= 2 * 20 and outcomes["xfailed"] == 6
     passed = [line for line in result.outlines if line.startswith("PASSED")]
     # 21 quantized NVFP4 checkpoints, 3 FP8 ones (one healthy export per producer), the healthy MIXED_PRECISION one
-    # the healthy W8A8 INT8 one and 2 MXFP8 ones (healthy, scales a block short) x 3 checks, less the audit and
-    # shards of the config vLLM must refuse; 7 WNA16
+    # the healthy W8A8 INT8 one, 2 MXFP8 ones (healthy, scales a block short) and the healthy gpt-oss MXFP4 one x 3
+    # checks, less the audit and shards of the config vLLM must refuse; 7 WNA16
     # ones that vLLM builds x 3 checks, under expert parallel less the 3 AWQ audits and 3 AWQ shards the matrix
     # waives (xfail); 4 healthy exports x 3; at tp 8 only rank_shards passes (the refusal is what it demands), the
     # others skip
-    for layout, cases in (("tp2", 3 * 28 - 2 + 3 * 7), ("tp2_ep", 3 * 28 - 2 + 3 * 7 - 6), ("tp4", 3 * 4),
+    for layout, cases in (("tp2", 3 * 29 - 2 + 3 * 7), ("tp2_ep", 3 * 29 - 2 + 3 * 7 - 6), ("tp4", 3 * 4),
                           ("tp8", 4)):
         assert sum(line.endswith(f"-{layout}]") for line in passed) == cases, layout
     for leaf in ("weight", "weight_packed"):  # ModelOpt's and compressed-tensors' names: 2 checkpoints x 2 checks

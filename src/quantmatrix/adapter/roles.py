@@ -48,6 +48,12 @@ _GPT_OSS_PROJECTIONS = {"w13": "gate_up_proj", "w2": "down_proj"}
 _GPT_OSS_LEAVES = {"weight": "blocks", "weight_scale": "scales", "bias": "bias"}
 
 
+def fused_checkpoint_name(module: str, fused: str, leaf: str) -> str | None:
+    """gpt-oss's one checkpoint tensor (every expert) that fused parameter `<module>.<fused>_<leaf>` is loaded from,
+    None for a leaf gpt-oss does not store."""
+    return f"{module}.{_GPT_OSS_PROJECTIONS[fused]}_{_GPT_OSS_LEAVES[leaf]}" if leaf in _GPT_OSS_LEAVES else None
+
+
 def checkpoint_names(param_name: str, experts: tuple[int, ...]) -> tuple[str, ...]:
     """The parameter's own name, then the checkpoint tensors its expert rows `experts` are loaded from (a fused
     parameter: every projection it fuses, in both namings, and gpt-oss's fused tensor); any other parameter is only
@@ -55,7 +61,6 @@ def checkpoint_names(param_name: str, experts: tuple[int, ...]) -> tuple[str, ..
     m = _FUSED.fullmatch(param_name)
     if m is None:
         return (param_name,)
-    fused = (f"{m['module']}.{_GPT_OSS_PROJECTIONS[m['fused']]}_{_GPT_OSS_LEAVES[m['leaf']]}",) \
-        if m["leaf"] in _GPT_OSS_LEAVES else ()
+    fused = fused_checkpoint_name(m["module"], m["fused"], m["leaf"])
     return (param_name, *(f"{m['module']}.{e}.{proj}.{m['leaf']}" for e in experts
-                          for proj in _PROJECTIONS[m["fused"]]), *fused)
+                          for proj in _PROJECTIONS[m["fused"]]), *((fused,) if fused else ()))

@@ -116,8 +116,10 @@ def _recording(original: Callable[..., Any], experts: Any, name: str,
     @functools.wraps(original)
     def recording(*args: Any, **kwargs: Any) -> Any:
         call = loaders.moe_call(args, kwargs)
+        if call["expert_id"] is None or getattr(call["loaded_weight"], "dim", lambda: 0)() == 3:
+            return original(*args, **kwargs)  # every expert at once (gpt-oss's loader): the rank's slice
         expert, param = int(call["expert_id"]), call["param"]
-        if loaders.local_row(experts, expert) >= 0 or getattr(call["loaded_weight"], "dim", lambda: 0)() == 3:
+        if loaders.local_row(experts, expert) >= 0:
             return original(*args, **kwargs)
         before = param.data.clone()
         param.data.view(torch.uint8).fill_(_MARK)

@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from quantmatrix.adapter.parallel import RankFacts
-from quantmatrix.adapter.roles import FUSED_SHARDS, SHARDS, fused_parts
+from quantmatrix.adapter.roles import FUSED_SHARDS, SHARDS, fused_checkpoint_name, fused_parts
 from quantmatrix.checkpoints.producers import role_of
+from quantmatrix.measure import fused as fused_split
 from quantmatrix.measure.ranked import ShardFinding
 from quantmatrix.measure.split import (
     Checkpoint,
@@ -37,8 +38,8 @@ def compare_rank(params: Mapping[str, torch.Tensor], facts: RankFacts, rank: int
     findings = _rank_facts(rank, facts, tp, ep)
     compared = 0
     for name, p in params.items():
-        if p.numel() == 0:
-            continue  # registered only to be loaded into nothing (GPTQ's symmetric qzeros under MoeWNA16Method)
+        if p.shape == (0,):
+            continue  # a placeholder no expert row (GPTQ's symmetric qzeros under MoeWNA16Method: nothing to load)
         parts = fused_parts(name)
         if parts is None:
             found, n = _whole(rank, name, p, ck)
@@ -92,6 +93,9 @@ def _fused(rank: int, name: str, p: torch.Tensor, parts: tuple[str, str, str], f
     compared = 0
     if p.dim() == 0 or not any(True for _ in _rows(p, facts)):
         return [ShardFinding(rank, name, "unplaced", detail=f"{list(p.shape)}: no expert rows this rank knows")], 0
+    whole = fused_checkpoint_name(module, fused, leaf)
+    if whole is not None and whole in ck.headers:  # one tensor for every expert (gpt-oss): measure.fused
+        return fused_split.compare(rank, name, p, _rows(p, facts), fused, leaf, whole, tp_rank, ranks, ck)
     for row, expert in _rows(p, facts):
         slots: dict[tuple[object, ...], list[tuple[str, Place]]] = {}
         for shard in FUSED_SHARDS[fused]:
