@@ -40,6 +40,14 @@ class KernelFormat:
     activation_scales: tuple[str, ...] = ()
     stand_ins: tuple[str, ...] = ()  # the CUDA-only kernels the conversion called stand-ins for (adapter.standins)
     refused: str | None = None  # vLLM's conversion refused this layer out loud (NotImplementedError): no silence
+    marlin_scales: tuple[str, ...] = ()  # the block scales read back through Marlin's layout (marlin_layout)
+    marlin_wrong: tuple[str, ...] = ()  # those whose converted values are not the loaded ones in Marlin's order
+
+
+# Backends whose conversion hands the kernel each block scale only permuted into Marlin's layout, input axis first
+# ([experts, groups, n]): vLLM 0.32 fused_moe/oracle/int_wna16.py _process_weights_marlin and
+# _process_awq_weights_marlin (with 8-bit activations they rescale the scales too: not compared).
+MARLIN_SCALE_BACKENDS = ("WNA16_MARLIN", "WNA16_BATCHED_MARLIN")
 
 
 def convert(layer: MoELayer) -> Any:
@@ -60,6 +68,7 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
     from quantmatrix.adapter import standins
 
     standing_in = standins.standing_in() if not torch.cuda.is_available() else contextlib.nullcontext([])
+    loaded = _block_scales(layer) if layer.backend in MARLIN_SCALE_BACKENDS else {}
     try:
         with standing_in as used:
             quant_config = convert(layer)
@@ -72,9 +81,70 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
             return KernelFormat(None, refused=f"vLLM's kernel-format conversion for {layer.backend} refuses this "
                                               f"layer out loud ({text.splitlines()[0][:300]})")
         raise
+    marlin = marlin_scales(layer, loaded)
     if quant_config is None:
-        return KernelFormat(None, stand_ins=tuple(used))
-    return dataclasses.replace(read_quant_config(quant_config), stand_ins=tuple(used))
+        return KernelFormat(None, stand_ins=tuple(used), marlin_scales=marlin[0], marlin_wrong=marlin[1])
+    return dataclasses.replace(read_quant_config(quant_config), stand_ins=tuple(used), marlin_scales=marlin[0],
+                               marlin_wrong=marlin[1])
+
+
+def _block_scales(layer: MoELayer) -> dict[str, Any]:
+    """The loaded block scales of a layer whose activations stay 16-bit, by parameter name, before conversion."""
+    from quantmatrix.checkpoints.producers import role_of
+
+    activations = getattr(layer.experts.quant_method, "input_dtype", None)
+    if activations is not None and activations.itemsize == 1:
+        return {}
+    return {n: p.data.clone() for n, p in layer.experts.named_parameters(recurse=False)
+            if role_of(n) == "block_scale" and p.dim() == 3}
+
+
+def marlin_scales(layer: MoELayer, loaded: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each converted block scale read back through Marlin's layout (marlin_layout) against what was loaded (input
+    axis first): (the names compared, what is wrong with each that differs, naming the experts)."""
+    from quantmatrix.adapter import parallel
+
+    experts = parallel.rank_facts(layer.experts).experts if loaded else ()
+    wrong = []
+    for name, before in loaded.items():
+        after = getattr(layer.experts, name).data
+        k_first = before if before.shape == after.shape else before.transpose(1, 2)
+        if k_first.shape != after.shape:
+            wrong.append(f"{name} {list(after.shape)} after conversion holds no [experts, groups, n] arrangement of "
+                         f"the loaded {list(before.shape)}")
+            continue
+        problem = _marlin_problem(after, k_first.to(after.dtype), experts)
+        if problem:
+            wrong.append(f"{name} {problem}")
+    return tuple(loaded), tuple(wrong)
+
+
+def _marlin_problem(after: Any, loaded: Any, experts: tuple[int, ...]) -> str | None:
+    """Which experts' converted [groups, n] scales are not the loaded ones in the layout Marlin reads, and the
+    layout they are in instead where one fits."""
+    import torch
+
+    from quantmatrix import marlin_layout
+
+    layout = marlin_layout.layout_of(after[0])
+    if not marlin_layout.fits(after[0], layout):
+        return f"{list(after.shape)}: n is no whole number of Marlin's {layout} blocks"
+
+    def equal(a: Any, b: Any) -> bool:
+        return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+    bad = [row for row in range(after.shape[0]) if not equal(marlin_layout.unpermute(after[row], layout), loaded[row])]
+    if not bad:
+        return None
+    names = ", ".join(str(experts[r] if r < len(experts) else r) for r in bad)
+    other = next((o for o in marlin_layout.LAYOUTS if o != layout and marlin_layout.fits(after[0], o)
+                  and all(equal(marlin_layout.unpermute(after[r], o), loaded[r]) for r in bad)), None)
+    groups = after.shape[1]
+    instead = (f"they hold the loaded scales in Marlin's {other} order" if other else
+               "they hold no order of the loaded scales Marlin reads")
+    return (f"expert {names} ({len(bad)} of {after.shape[0]}): the kernel reads its {groups} group row"
+            f"{'s' if groups > 1 else ''} of scales in Marlin's {layout} order, but {instead}: every dequantized "
+            "weight of those experts is scaled by another column's or group's scale")
 
 
 def read_quant_config(quant_config: Any) -> KernelFormat:

@@ -1,0 +1,78 @@
+"""The hand-made Marlin MoE bug (tests/marlin_bug.py: grouped scales permuted with the wrong size), installed in a
+child pytest over the real cpu tier: kernel_format turns the Marlin cases red naming both scale tensors and the
+experts, at one rank and at each rank of tp 2, and leaves the case the bug cannot touch (a WNA16 MoE on Triton)
+green; the same cases are green on the unchanged vLLM."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import marlin_bug
+import pytest
+from junitparser import Error, Failure, JUnitXml
+
+ROOT = Path(__file__).resolve().parent.parent
+MARLIN, TRITON, AT = "qwen3moe-tiny-gptq-w4a16-g32-marlin", "qwen3moe-tiny-gptq-w4a16-g32", "sm90-default"
+CASES = (f"{MARLIN}@{AT}", f"{MARLIN}@{AT}-tp2", f"{TRITON}@{AT}")
+
+
+def _child(tmp: Path, env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """One child pytest over CASES' kernel_format: case -> (outcome, message)."""
+    junit = tmp / "junit.xml"
+    nodes = [f"suites/test_layers.py::test_kernel_format[{case}]" for case in CASES]
+    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-n", "0", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    out = {}
+    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
+        bad = [r for r in case.result if isinstance(r, (Failure, Error))]
+        outcome = "passed" if not bad else "failed" if isinstance(bad[0], Failure) else "error"
+        out[case.name.split("[", 1)[1].rstrip("]")] = (outcome, (bad[0].message or "").removeprefix("Failed: ")
+                                                       if bad else "")
+    assert set(out) == set(CASES), done.stdout[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bugged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    tmp = tmp_path_factory.mktemp("marlin-bug")
+    return _child(tmp, {**os.environ, **marlin_bug.install(tmp)})
+
+
+@pytest.fixture(scope="module")
+def unchanged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    return _child(tmp_path_factory.mktemp("marlin-unchanged"), dict(os.environ))
+
+
+def test_the_same_cases_are_green_on_the_unchanged_vllm(unchanged):
+    assert unchanged == {case: ("passed", "") for case in CASES}
+
+
+def test_the_wna16_moe_on_triton_is_untouched_by_the_bug(bugged):
+    assert bugged[f"{TRITON}@{AT}"] == ("passed", "")
+
+
+def test_grouped_scales_permuted_with_the_wrong_size_are_red_naming_each_scale_tensor_and_the_experts(bugged):
+    outcome, message = bugged[f"{MARLIN}@{AT}"]
+    assert outcome == "failed", message
+    assert message.startswith(f"{MARLIN}@{AT} kernel_format: backend WNA16_MARLIN on sm90 (H100 / H200): read back "
+                              "through Marlin's scale layout (quantmatrix.marlin_layout), the converted scales are "
+                              "not the loaded ones: "), message
+    for tensor in ("w13_scales", "w2_scales"):
+        assert (f"{tensor} expert 0, 1, 2, 3 (4 of 4): the kernel reads its 4 group rows of scales in Marlin's "
+                "grouped order, but they hold the loaded scales in Marlin's per-channel order") in message, message
+
+
+def test_at_tensor_parallel_2_every_rank_is_red_on_its_own_share_of_the_groups(bugged):
+    outcome, message = bugged[f"{MARLIN}@{AT}-tp2"]
+    assert outcome == "failed", message
+    # both ranks say the same (checks.ranks names ranks only where they differ): w2 splits its 128 inputs, so
+    # each rank's w2 holds 2 groups of 32, w13 all 4 of the hidden size's
+    assert message.startswith(f"{MARLIN}@{AT}-tp2 kernel_format: backend WNA16_MARLIN on sm90"), message
+    assert "w13_scales expert 0, 1, 2, 3 (4 of 4): the kernel reads its 4 group rows" in message, message
+    assert ("w2_scales expert 0, 1, 2, 3 (4 of 4): the kernel reads its 2 group rows of scales in Marlin's grouped "
+            "order, but they hold the loaded scales in Marlin's per-channel order") in message, message
