@@ -60,8 +60,8 @@ def test_grouped_scales_permuted_with_the_wrong_size_are_red_naming_each_scale_t
     outcome, message = bugged[f"{MARLIN}@{AT}"]
     assert outcome == "failed", message
     assert message.startswith(f"{MARLIN}@{AT} kernel_format: backend WNA16_MARLIN on sm90 (H100 / H200): read back "
-                              "through Marlin's scale layout (quantmatrix.marlin_layout), the converted scales are "
-                              "not the loaded ones: "), message
+                              "through Marlin's scale layout (adapter.marlin_layout), the converted scales are not the "
+                              "loaded ones: "), message
     for tensor in ("w13_scales", "w2_scales"):
         assert (f"{tensor} expert 0, 1, 2, 3 (4 of 4): the kernel reads its 4 group rows of scales in Marlin's "
                 "grouped order, but they hold the loaded scales in Marlin's per-channel order") in message, message

@@ -1,4 +1,4 @@
-"""quantmatrix.marlin_layout, restated from Marlin's tiling, is the inverse of vLLM's own scale permutation
+"""quantmatrix.adapter.marlin_layout, restated from Marlin's tiling, is the inverse of vLLM's own scale permutation
 (`marlin_permute_scales`, used here as the reference only): for any [groups, n] scales, grouped where there are
 several groups and per-channel where there is one; and the two layouts are told apart, so scales laid out for the
 wrong one never read back as the loaded ones."""
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantmatrix import marlin_layout
+from quantmatrix.adapter import marlin_layout
 
 try:
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_scales

@@ -40,14 +40,17 @@ class KernelFormat:
     activation_scales: tuple[str, ...] = ()
     stand_ins: tuple[str, ...] = ()  # the CUDA-only kernels the conversion called stand-ins for (adapter.standins)
     refused: str | None = None  # vLLM's conversion refused this layer out loud (NotImplementedError): no silence
-    marlin_scales: tuple[str, ...] = ()  # the block scales read back through Marlin's layout (marlin_layout)
+    marlin_scales: tuple[str, ...] = ()  # the block scales read back through Marlin's layout (adapter.marlin_layout)
     marlin_wrong: tuple[str, ...] = ()  # those whose converted values are not the loaded ones in Marlin's order
 
 
 # Backends whose conversion hands the kernel each block scale only permuted into Marlin's layout, input axis first
 # ([experts, groups, n]): vLLM 0.32 fused_moe/oracle/int_wna16.py _process_weights_marlin and
-# _process_awq_weights_marlin (with 8-bit activations they rescale the scales too: not compared).
+# _process_awq_weights_marlin (with 8-bit activations they rescale the scales too: not compared). The block scales'
+# parameters, and whether they are loaded output axis first: GPTQ / AWQ (AutoGPTQMoEMethod, AutoAWQMoEMethod) keep
+# them input axis first, compressed-tensors (CompressedTensorsWNA16MoEMethod) output axis first.
 MARLIN_SCALE_BACKENDS = ("WNA16_MARLIN", "WNA16_BATCHED_MARLIN")
+_BLOCK_SCALES = {"w13_scales": False, "w2_scales": False, "w13_weight_scale": True, "w2_weight_scale": True}
 
 
 def convert(layer: MoELayer) -> Any:
@@ -90,33 +93,37 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
 
 def _block_scales(layer: MoELayer) -> dict[str, Any]:
     """The loaded block scales of a layer whose activations stay 16-bit, by parameter name, before conversion."""
-    from quantmatrix.checkpoints.producers import role_of
-
     activations = getattr(layer.experts.quant_method, "input_dtype", None)
     if activations is not None and activations.itemsize == 1:
         return {}
     return {n: p.data.clone() for n, p in layer.experts.named_parameters(recurse=False)
-            if role_of(n) == "block_scale" and p.dim() == 3}
+            if n in _BLOCK_SCALES and p.dim() == 3}
 
 
 def marlin_scales(layer: MoELayer, loaded: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Each converted block scale read back through Marlin's layout (marlin_layout) against what was loaded (input
-    axis first): (the names compared, what is wrong with each that differs, naming the experts)."""
+    """Each converted block scale read back through Marlin's layout (adapter.marlin_layout) against what was loaded,
+    input axis first: (the names compared, or why one was not: a conversion that padded the intermediate size to
+    Marlin's tiles; what is wrong with each that differs, naming the experts)."""
     from quantmatrix.adapter import parallel
 
     experts = parallel.rank_facts(layer.experts).experts if loaded else ()
-    wrong = []
+    compared, wrong = [], []
     for name, before in loaded.items():
         after = getattr(layer.experts, name).data
-        k_first = before if before.shape == after.shape else before.transpose(1, 2)
+        k_first = before.transpose(1, 2) if _BLOCK_SCALES[name] else before
         if k_first.shape != after.shape:
-            wrong.append(f"{name} {list(after.shape)} after conversion holds no [experts, groups, n] arrangement of "
-                         f"the loaded {list(before.shape)}")
+            if after.dim() == 3 and after.shape[0] == k_first.shape[0] and after.shape[1] >= k_first.shape[1] \
+                    and after.shape[2] >= k_first.shape[2]:
+                compared.append(f"{name} (not compared: padded from {list(k_first.shape)} to {list(after.shape)})")
+            else:
+                wrong.append(f"{name} is {list(after.shape)} after conversion, the loaded ones {list(k_first.shape)} "
+                             "(experts, groups, n): some of them are gone")
             continue
+        compared.append(name)
         problem = _marlin_problem(after, k_first.to(after.dtype), experts)
         if problem:
             wrong.append(f"{name} {problem}")
-    return tuple(loaded), tuple(wrong)
+    return tuple(compared), tuple(wrong)
 
 
 def _marlin_problem(after: Any, loaded: Any, experts: tuple[int, ...]) -> str | None:
@@ -124,7 +131,7 @@ def _marlin_problem(after: Any, loaded: Any, experts: tuple[int, ...]) -> str | 
     layout they are in instead where one fits."""
     import torch
 
-    from quantmatrix import marlin_layout
+    from quantmatrix.adapter import marlin_layout
 
     layout = marlin_layout.layout_of(after[0])
     if not marlin_layout.fits(after[0], layout):

@@ -80,6 +80,6 @@ def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: 
                 f"(quantmatrix/data/backends.yaml) says {backend.name} never reads input_scale: the audit and the "
                 "guard would not check a tensor this kernel is given")
     if kf.marlin_wrong:
-        return (f"{on}: read back through Marlin's scale layout (quantmatrix.marlin_layout), the converted scales "
-                f"are not the loaded ones: {'; '.join(kf.marlin_wrong)}")
+        return (f"{on}: read back through Marlin's scale layout (adapter.marlin_layout), the converted scales are "
+                f"not the loaded ones: {'; '.join(kf.marlin_wrong)}")
     return None

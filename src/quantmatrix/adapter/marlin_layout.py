@@ -1,5 +1,6 @@
-"""Marlin's scale layout, restated from the kernel's tiling and never taken from vLLM's helpers: the kernel_format
-check reads a converted layer's scales back through it, so the conversion is not graded against itself.
+"""Marlin's scale layout, restated from the kernel's tiling and never taken from vLLM's helpers (it imports nothing of
+vLLM's): adapter.kernel reads a converted layer's scales back through it, so the conversion is not graded against
+itself.
 
 Marlin (Frantar et al., IST-DASLab) keeps a weight's scales input-axis first, one row per quantization group of k
 and one column per output n, and stores each row in the order its threads load it. Where there are several groups
