@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantmatrix.adapter import marlin_layout
+from quantmatrix.adapter import kernel, marlin_layout
 
 try:
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_scales
@@ -58,3 +58,55 @@ def test_the_layouts_are_the_block_transposes_marlin_stores():
     with pytest.raises(ValueError, match="unknown Marlin scale layout"):
         marlin_layout.unpermute(columns, "tiled")
     assert marlin_layout.fits(columns, "grouped") and not marlin_layout.fits(columns[:, :32], "grouped")
+
+
+# ------------------------------------------------------------------- adapter.kernel's reading of a converted layer
+
+def _converted(loaded: torch.Tensor, group: int) -> torch.Tensor:
+    """What a correct conversion makes of K-first [experts, groups, n] scales (vLLM's helper as the reference)."""
+    from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_moe_permute_scales
+
+    return marlin_moe_permute_scales(loaded, loaded.shape[1] * group, loaded.shape[2], group)
+
+
+EXPERTS = (10, 11, 12, 13)  # a rank's global expert ids, by local row
+WHY = ("every dequantized weight of those experts is scaled by another column's or group's scale")
+
+
+def test_a_correct_conversion_reads_back_as_loaded_either_orientation_either_layout():
+    grouped, channel = _scales(2, 128, 1).reshape(1, 2, 128).repeat(4, 1, 1), _scales(1, 128, 2).repeat(4, 1, 1)
+    assert kernel.scale_finding("w13_scales", grouped, _converted(grouped, 64), False, EXPERTS) == ("w13_scales", None)
+    assert kernel.scale_finding("w2_weight_scale", grouped.transpose(1, 2).contiguous(), _converted(grouped, 64), True,
+                                EXPERTS) == ("w2_weight_scale", None)
+    assert kernel.scale_finding("w2_scales", channel, _converted(channel, -1), False, EXPERTS) == ("w2_scales", None)
+
+
+def test_one_expert_laid_out_per_channel_and_one_scrambled_are_named_by_global_id():
+    loaded = torch.stack([_scales(2, 128, seed) for seed in range(4)])
+    after = _converted(loaded, 64)
+    after[2] = marlin_permute_scales(loaded[2], 64, 128, 64)  # size_k == group: per-channel
+    assert kernel.scale_finding("w13_scales", loaded, after, False, EXPERTS) == ("w13_scales", (
+        "w13_scales expert 12 (1 of 4): the kernel reads its 2 group rows of scales in Marlin's grouped order, but "
+        f"they hold the loaded scales in Marlin's per-channel order: {WHY}"))
+    after[1] = after[1].flip(1)
+    assert kernel.scale_finding("w13_scales", loaded, after, False, EXPERTS)[1] == (
+        "w13_scales expert 11, 12 (2 of 4): the kernel reads its 2 group rows of scales in Marlin's grouped order, "
+        f"but they hold no order of the loaded scales Marlin reads: {WHY}")
+    channel = _scales(1, 128, 5).repeat(4, 1, 1)
+    wrong = _converted(channel, -1).flip(2)
+    assert kernel.scale_finding("w2_scales", channel, wrong, False, ())[1] == (
+        "w2_scales expert 0, 1, 2, 3 (4 of 4): the kernel reads its 1 group row of scales in Marlin's per-channel "
+        f"order, but they hold no order of the loaded scales Marlin reads: {WHY}")
+
+
+def test_padding_is_left_uncompared_and_lost_scales_or_untiled_widths_are_wrong():
+    loaded = _scales(2, 128, 3).repeat(4, 1, 1).reshape(4, 2, 128)
+    padded = torch.zeros(4, 4, 128, dtype=loaded.dtype)
+    assert kernel.scale_finding("w2_scales", loaded, padded, False, EXPERTS) == (
+        "w2_scales (not compared: padded from [4, 2, 128] to [4, 4, 128])", None)
+    assert kernel.scale_finding("w2_scales", loaded, loaded[:, :, :64], False, EXPERTS)[1] == (
+        "w2_scales is [4, 2, 64] after conversion, the loaded ones [4, 2, 128] (experts, groups, n): some of them are "
+        "gone")
+    narrow = loaded[:, :, :48].contiguous()
+    assert kernel.scale_finding("w2_scales", narrow, narrow, False, EXPERTS)[1] == (
+        "w2_scales [4, 2, 48]: n is no whole number of Marlin's grouped blocks")

@@ -115,7 +115,7 @@ def test_default_matrix_loads():
     assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", "fp8_static",
                                                       "fp8_dynamic", "fp8_block", "mxfp4", "mxfp8", *(
         f"wna16_{v}" for v in ("int4_g32", "int4_g32_actorder", "int4_channel", "int8_g32", "int8_channel",
-                               "int4_g48")), "mixed_nvfp4_fp8", "mixed_nvfp4_fp8_unmapped",
+                               "int4_g48", "int4_g64")), "mixed_nvfp4_fp8", "mixed_nvfp4_fp8_unmapped",
                                                       "mixed_nvfp4_fp8_unlisted", "w8a8_int8", "w4a8_fp8_g128",
                                                       "w4a8_fp8_g64"}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}

@@ -101,29 +101,30 @@ def _block_scales(layer: MoELayer) -> dict[str, Any]:
 
 
 def marlin_scales(layer: MoELayer, loaded: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Each converted block scale read back through Marlin's layout (adapter.marlin_layout) against what was loaded,
-    input axis first: (the names compared, or why one was not: a conversion that padded the intermediate size to
-    Marlin's tiles; what is wrong with each that differs, naming the experts)."""
+    """Each converted block scale read back through Marlin's layout (adapter.marlin_layout) against what was loaded:
+    (the names compared, or why one was not; what is wrong with each that differs, naming the experts)."""
     from quantmatrix.adapter import parallel
 
     experts = parallel.rank_facts(layer.experts).experts if loaded else ()
-    compared, wrong = [], []
-    for name, before in loaded.items():
-        after = getattr(layer.experts, name).data
-        k_first = before.transpose(1, 2) if _BLOCK_SCALES[name] else before
-        if k_first.shape != after.shape:
-            if after.dim() == 3 and after.shape[0] == k_first.shape[0] and after.shape[1] >= k_first.shape[1] \
-                    and after.shape[2] >= k_first.shape[2]:
-                compared.append(f"{name} (not compared: padded from {list(k_first.shape)} to {list(after.shape)})")
-            else:
-                wrong.append(f"{name} is {list(after.shape)} after conversion, the loaded ones {list(k_first.shape)} "
-                             "(experts, groups, n): some of them are gone")
-            continue
-        compared.append(name)
+    found = [scale_finding(name, before, getattr(layer.experts, name).data, _BLOCK_SCALES[name], experts)
+             for name, before in loaded.items()]
+    return tuple(label for label, _ in found), tuple(problem for _, problem in found if problem)
+
+
+def scale_finding(name: str, before: Any, after: Any, n_first: bool, experts: tuple[int, ...]
+                  ) -> tuple[str, str | None]:
+    """(what was compared, what is wrong or None) for one block scale: `before` as loaded ([experts, n, groups]
+    where `n_first`, else [experts, groups, n]), `after` as converted; global expert ids by local row. A conversion
+    that padded the intermediate size to Marlin's tiles leaves it uncompared; one that lost scales is wrong."""
+    k_first = before.transpose(1, 2) if n_first else before
+    if k_first.shape == after.shape:
         problem = _marlin_problem(after, k_first.to(after.dtype), experts)
-        if problem:
-            wrong.append(f"{name} {problem}")
-    return tuple(compared), tuple(wrong)
+        return name, f"{name} {problem}" if problem else None
+    if after.dim() == 3 and after.shape[0] == k_first.shape[0] and after.shape[1] >= k_first.shape[1] \
+            and after.shape[2] >= k_first.shape[2]:
+        return f"{name} (not compared: padded from {list(k_first.shape)} to {list(after.shape)})", None
+    return name, (f"{name} is {list(after.shape)} after conversion, the loaded ones {list(k_first.shape)} (experts, "
+                  "groups, n): some of them are gone")
 
 
 def _marlin_problem(after: Any, loaded: Any, experts: tuple[int, ...]) -> str | None:

@@ -1,8 +1,9 @@
 """Stand-ins for the few CUDA-only kernels vLLM's post-load conversion calls, so that the conversion itself (which
 scales it keeps, which it folds into the dequant alphas, which it drops) runs on a CPU host and is observed, not
 assumed. Each stand-in keeps the op's output shape and dtype; none claims the kernel's data layout (a Marlin tile
-order, a swizzle on the device), so what a converted layer holds is judged for presence and finiteness, never run.
-The conversion's own Python (vLLM's code) runs unchanged around them. Used only where torch has no CUDA."""
+order, a swizzle on the device), so the weights a converted layer holds are judged for presence and finiteness,
+never run. The conversion's own Python (vLLM's code) runs unchanged around them: Marlin's scale permutation is
+torch, not a stand-in, and adapter.kernel reads its result back. Used only where torch has no CUDA."""
 
 from __future__ import annotations
 
