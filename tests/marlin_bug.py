@@ -3,10 +3,11 @@ tensor: the grouped scales permuted with the wrong size.
 
 vLLM's WNA16 Marlin conversion (fused_moe/oracle/int_wna16.py) calls `marlin_moe_permute_scales(s, size_k, ...)`,
 which picks Marlin's grouped layout only where `group_size < size_k`. The bug hands it size_k = the scales' group
-rows x the INT4 pack factor (8) instead of x the group size, as a GPTQ Marlin MoE once computed w2's: with groups
-of 32, size_k comes out as 32 or less, so every expert's grouped scales are laid out per-channel while every shape
-still fits (a W4A16 MoE that scores 0 on GSM8K, with no error anywhere). Installed with tests/vllm_patch.py in a
-child pytest and its rank processes only.
+rows x the INT4 pack factor (8) instead of the projection's k: with 2 groups of 64 that is 16, so every expert's
+grouped scales are laid out per-channel while every shape still fits. The real bugs had this shape: vLLM PR 13769
+(compressed-tensors W4A16 MoE grouped scales permuted with the wrong size, GSM8K 0.00) and PR 50196 (GPTQ / AWQ
+w13 permuted with the per-rank intermediate size as k, wrong at some tensor-parallel sizes; vLLM 0.32 still has it,
+see the matrix's waivers). Installed with tests/vllm_patch.py in a child pytest and its rank processes only.
 """
 
 from __future__ import annotations

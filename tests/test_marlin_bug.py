@@ -7,15 +7,12 @@ own w13 permutation is wrong for this checkpoint: the matrix waives that case, s
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import marlin_bug
 import pytest
-from junitparser import Error, Failure, JUnitXml
+import vllm_patch
 
-ROOT = Path(__file__).resolve().parent.parent
 MARLIN, TRITON, AT = "qwen3moe-tiny-gptq-w4a16-g64-marlin", "qwen3moe-tiny-gptq-w4a16-g32", "sm90-default"
 CASES = (f"{MARLIN}@{AT}", f"{MARLIN}@{AT}-tp2_ep", f"{TRITON}@{AT}")
 WHY = ("of scales in Marlin's grouped order, but they hold the loaded scales in Marlin's per-channel order: every "
@@ -24,20 +21,8 @@ WHY = ("of scales in Marlin's grouped order, but they hold the loaded scales in 
 
 def _child(tmp: Path, env: dict[str, str]) -> dict[str, tuple[str, str]]:
     """One child pytest over CASES' kernel_format: case -> (outcome, message)."""
-    junit = tmp / "junit.xml"
-    nodes = [f"suites/test_layers.py::test_kernel_format[{case}]" for case in CASES]
-    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-p", "no:randomly",
-                           "-n", "0", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    out = {}
-    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
-        bad = [r for r in case.result if isinstance(r, (Failure, Error))]
-        outcome = "passed" if not bad else "failed" if isinstance(bad[0], Failure) else "error"
-        out[case.name.split("[", 1)[1].rstrip("]")] = (outcome, (bad[0].message or "").removeprefix("Failed: ")
-                                                       if bad else "")
-    assert set(out) == set(CASES), done.stdout[-3000:]
-    return out
+    out = vllm_patch.child_pytest(tmp, [f"suites/test_layers.py::test_kernel_format[{case}]" for case in CASES], env)
+    return {node.split("[", 1)[1].removesuffix("]"): result for node, result in out.items()}
 
 
 @pytest.fixture(scope="module")
