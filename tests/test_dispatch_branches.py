@@ -207,6 +207,8 @@ def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
                                                                           "a1_gscale,a2_gscale"))
     none = _kernel(matrix, WO, _build("MARLIN", True), KernelFormat(None, None))
     assert none.properties == ((P.QUANT_CONFIG, ""), (P.ACTIVATION_SCALES_KEPT, ""))
+    marlin = _kernel(matrix, WO, _build("MARLIN", True), KernelFormat(None, "Q", GOOD, marlin_scales=("w13_scales",)))
+    assert marlin.problem is None and (P.MARLIN_SCALES, "w13_scales") in marlin.properties
 
 
 @pytest.mark.parametrize(("ck", "build", "kf", "message"), [
@@ -222,6 +224,10 @@ def test_kernel_verdict_records_the_quant_config_and_the_scales_kept(matrix):
     (WO, _build("MARLIN", True), KernelFormat(None, "Q", GOOD, ("a1_gscale", "a2_gscale")),
      f"{WON}: weight-only checkpoint, yet the kernel format carries activation scales (a1_gscale, a2_gscale): a W4A4 "
      "kernel would quantize activations with scales the checkpoint never had"),
+    (WO, _build("MARLIN", True), KernelFormat(None, "Q", GOOD, marlin_scales=("w13_scales", "w2_scales"),
+                                              marlin_wrong=("w2_scales expert 3 (1 of 4): x",)),
+     f"{WON}: read back through Marlin's scale layout (adapter.marlin_layout), the converted scales are not the "
+     "loaded ones: w2_scales expert 3 (1 of 4): x"),
     (W4A4, _build("VLLM_CUTLASS", False), KernelFormat(None, "Q", GOOD),
      f"{KON}: the checkpoint's calibrated activation scales were dropped (no a1_gscale/a2_gscale/a1_scale/a2_scale "
      "in the kernel format): activations run unquantized"),

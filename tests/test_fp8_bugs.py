@@ -6,14 +6,12 @@ an error), with the bug's changed code shown to have run."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import fp8_bugs
 import pytest
-from junitparser import Error, Failure, JUnitXml
+import vllm_patch
 
 from quantmatrix.checkpoints import store
 from quantmatrix.schema.load import load
@@ -38,20 +36,7 @@ def _checkpoint_dir(node: str) -> Path:
 
 def _run(tmp: Path, env: dict[str, str]) -> dict[str, tuple[str, str]]:
     """One child pytest over CASES: node -> (outcome, message)."""
-    junit = tmp / "junit.xml"
-    nodes = [f"suites/{node}" for node in CASES]
-    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-p", "no:randomly",
-                           "-n", "0", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    out = {}
-    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
-        bad = [r for r in case.result if isinstance(r, (Failure, Error))]
-        name = f"{case.classname.rsplit('.', 1)[-1]}.py::{case.name}"
-        outcome = "passed" if not bad else "failed" if isinstance(bad[0], Failure) else "error"
-        out[name] = (outcome, (bad[0].message or "").removeprefix("Failed: ") if bad else "")
-    assert set(out) == set(CASES), done.stdout[-3000:]
-    return out
+    return vllm_patch.child_pytest(tmp, [f"suites/{node}" for node in CASES], env)
 
 
 @pytest.fixture(scope="module")

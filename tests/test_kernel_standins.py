@@ -31,6 +31,19 @@ def test_marlin_repack_stand_in_keeps_the_words_in_marlins_shape_and_refuses_a_w
     assert used == [standins.MARLIN_REPACK]
 
 
+def test_marlin_moe_repack_stand_ins_keep_each_expert_s_words_and_refuse_a_wrong_size():
+    gptq = torch.arange(3 * (128 // 8) * 64, dtype=torch.int32).reshape(3, 128 // 8, 64)  # k 128 x n 64, along k
+    awq = gptq.reshape(3, 128, 64 // 8)  # the same words packed along n
+    with standins.standing_in() as used:
+        out = ops.gptq_marlin_moe_repack(gptq, 128, 64, 4)
+        awq_out = ops.awq_marlin_moe_repack(awq, 128, 64, 4)
+        with pytest.raises(ValueError, match="does not hold 3 128 x 128 4-bit weights"):
+            ops.gptq_marlin_moe_repack(gptq, 128, 128, 4)
+    assert out.shape == awq_out.shape == (3, 128 // 16, 64 * 4 // 2) and out.dtype == torch.int32
+    assert torch.equal(out.flatten(), gptq.flatten()) and torch.equal(awq_out.flatten(), awq.flatten())
+    assert used == [standins.MARLIN_MOE_REPACK]
+
+
 def test_fp8_quant_stand_in_is_per_tensor_quantization_and_refuses_what_it_does_not_cover():
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
     scale = torch.tensor([0.01])
@@ -44,11 +57,13 @@ def test_fp8_quant_stand_in_is_per_tensor_quantization_and_refuses_what_it_does_
 
 
 def test_stand_ins_are_undone_on_exit_even_after_an_error():
-    repack, quant, cuda = ops.gptq_marlin_repack, ops.scaled_fp8_quant, torch.Tensor.cuda
+    originals = (ops.gptq_marlin_repack, ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.scaled_fp8_quant,
+                 torch.Tensor.cuda)
     with pytest.raises(RuntimeError), standins.standing_in():
         assert torch.ones(1).cuda().device.type == "cpu"
         raise RuntimeError("conversion failed")
-    assert (ops.gptq_marlin_repack, ops.scaled_fp8_quant, torch.Tensor.cuda) == (repack, quant, cuda)
+    assert (ops.gptq_marlin_repack, ops.gptq_marlin_moe_repack, ops.awq_marlin_moe_repack, ops.scaled_fp8_quant,
+            torch.Tensor.cuda) == originals
 
 
 # In a child process: a layer build imports vLLM's model code, which another test's in-process pytester run may

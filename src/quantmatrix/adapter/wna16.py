@@ -55,12 +55,20 @@ def unpack(packed: Any, bits: int, packed_dim: int, slot_order: str) -> Any:
 
 
 # How vLLM's WNA16 MoE methods store what their weight_loaders write (before process_weights_after_loading), per
-# parameter leaf: (packing, the axis of an expert row the codes are packed along). "bytes": MoeWNA16Method's
-# standard format (moe_wna16.py moe_wna16_weight_loader: GPTQ and AWQ converted to [out, in] rows, 8 // bits codes
-# per uint8, low bits first; zero points packed along the outputs); "int32": compressed-tensors keeps its
-# checkpoint's sequential int32 packing. Leaves not named are stored as their logical [out, in or groups] values.
-STORED = {"MoeWNA16Method": {"qweight": ("bytes", 1), "qzeros": ("bytes", 0)},
-          "CompressedTensorsWNA16MoEMethod": {"weight_packed": ("int32", 1), "weight_zero_point": ("int32", 0)}}
+# parameter leaf: (packing, the axis of an expert row the codes are packed along, whether the row is stored input
+# axis first, the offset to add to a stored zero point). Packing "bytes": MoeWNA16Method's standard format
+# (moe_wna16.py moe_wna16_weight_loader: GPTQ and AWQ converted to [out, in] rows, 8 // bits codes per uint8, low
+# bits first; zero points packed along the outputs, GPTQ's already + 1); "sequential" / "awq": int32 words in that
+# slot order (compressed-tensors keeps its checkpoint's packing; AutoGPTQMoEMethod and AutoAWQMoEMethod, Marlin's,
+# keep GPTQ's and AWQ's own, input axis first, GPTQ's v1 zero points still - 1); None: values unpacked. Leaves not
+# named are stored as their logical [out, in or groups] values.
+STORED = {"MoeWNA16Method": {"qweight": ("bytes", 1, False, 0), "qzeros": ("bytes", 0, False, 0)},
+          "CompressedTensorsWNA16MoEMethod": {"weight_packed": ("sequential", 1, False, 0),
+                                              "weight_zero_point": ("sequential", 0, False, 0)},
+          "AutoGPTQMoEMethod": {"qweight": ("sequential", 0, True, 0), "qzeros": ("sequential", 1, True, 1),
+                                "scales": (None, 0, True, 0)},
+          "AutoAWQMoEMethod": {"qweight": ("awq", 1, True, 0), "qzeros": ("awq", 1, True, 0),
+                               "scales": (None, 0, True, 0)}}
 
 
 def unpack_bytes(packed: Any, bits: int, dim: int) -> Any:
@@ -77,9 +85,12 @@ def logical_param(method: str, leaf: str, stored: Any, bits: int) -> Any:
     """A fused expert parameter (experts first) as the logical codes, zero points or scales its rows hold
     ([experts, out, in or groups]), undoing the method's storage (STORED); unchanged where it stores them plain."""
     how = STORED.get(method, {}).get(leaf)
-    if how is None or stored.dim() < 2:
+    if how is None or stored.dim() < 3:
         return stored
-    packing, axis = how
+    packing, axis, transposed, offset = how
     if packing == "bytes":
-        return unpack_bytes(stored, bits, axis + 1)
-    return unpack(stored, bits, axis + 1, "sequential")
+        stored = unpack_bytes(stored, bits, axis + 1)
+    elif packing is not None:
+        stored = unpack(stored, bits, axis + 1, packing)
+    stored = stored.transpose(-1, -2) if transposed else stored
+    return stored + offset if offset else stored

@@ -1,7 +1,9 @@
 """kernel_format: what vLLM's post-load conversion hands the fused-MoE kernel. The dequant alphas must be there
 and finite (the seed bug folded an uninitialised input_scale into `g1_alphas`), and the activation scales must be
 kept exactly when the matrix says the backend reads them, and exactly when the backend's read-set says it reads
-`input_scale`: the read-sets that drive the audit and the guard are observed here, not trusted. On a host without
+`input_scale`: the read-sets that drive the audit and the guard are observed here, not trusted. Where the backend
+is Marlin, the converted block scales read back through Marlin's layout must be the loaded ones (a permutation
+computed for the wrong size scrambles every group's scale while every shape still fits). On a host without
 CUDA the conversion's CUDA-only kernels run as shape-preserving stand-ins (adapter.standins), named in the case."""
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def kernel_verdict(case: Case, build: LayerBuild, backends: Mapping[str, MoeBack
     properties = [(P.QUANT_CONFIG, kf.quant_config or ""), (P.ACTIVATION_SCALES_KEPT, ",".join(kf.activation_scales))]
     if kf.stand_ins:
         properties.append((P.STAND_INS, "; ".join(kf.stand_ins)))
+    if kf.marlin_scales:
+        properties.append((P.MARLIN_SCALES, ",".join(kf.marlin_scales)))
     wanted = ck.expectation("activation_scales", arch, default="any")
     return Verdict.of(case, kernel_problem(build, backends, kf, arch.describe(), wanted), properties)
 
@@ -75,4 +79,7 @@ def _problem(on: str, kf: KernelFormat, backend: MoeBackend, activation_scales: 
         return (f"{on}: the conversion hands the kernel {', '.join(kf.activation_scales)}, but the read-set "
                 f"(quantmatrix/data/backends.yaml) says {backend.name} never reads input_scale: the audit and the "
                 "guard would not check a tensor this kernel is given")
+    if kf.marlin_wrong:
+        return (f"{on}: read back through Marlin's scale layout (adapter.marlin_layout), the converted scales are "
+                f"not the loaded ones: {'; '.join(kf.marlin_wrong)}")
     return None

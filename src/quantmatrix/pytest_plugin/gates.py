@@ -14,8 +14,8 @@ from typing import NoReturn
 
 import pytest
 
-from quantmatrix.adapter.versions import engine_needs_gpu
-from quantmatrix.host import sanitizer
+from quantmatrix.adapter.versions import engine_needs_gpu, engine_platform
+from quantmatrix.host import cpu, sanitizer
 from quantmatrix.pytest_plugin import health
 from quantmatrix.pytest_plugin.options import STRICT_HARDWARE, TIME_LIMIT
 from quantmatrix.pytest_plugin.settings import SETTINGS, Settings
@@ -101,6 +101,19 @@ def engine_build(config: pytest.Config, case: Case) -> Stop | None:
     return None
 
 
+def host_needs(config: pytest.Config, case: Case) -> Stop | None:
+    """A cpu cell that states what host it needs (`cpu_cells[].needs`: a quantized MoE whose only CPU kernels need
+    zentorch or AMX), on vLLM's CPU build on a host without it: skipped naming what it lacks, as a missing GPU is
+    (a failure under --strict-hardware: a runner that is supposed to have it)."""
+    needs = case.check.host_needs(case.cell)
+    if not needs or engine_platform() != "cpu" or not (lacking := cpu.missing(needs)):
+        return None
+    s = config.stash[SETTINGS]
+    return strict(STRICT_HARDWARE.name, s.strict_hardware,
+                  f"needs {', '.join(needs)} to run on vLLM's CPU build ({'; '.join(lacking)}); this host: "
+                  f"{cpu.this_host().describe()}")
+
+
 def engine_gpus(config: pytest.Config, case: Case) -> Stop | None:
     """An engine start needs every GPU of its checkpoint (config and file checks need one)."""
     short = too_few_gpus(config.stash[SETTINGS], case.cell) if "engine" in case.check.vllm else None
@@ -126,8 +139,8 @@ def vllm_broken(config: pytest.Config, case: Case) -> Stop | None:
     return Stop(message, fail=True, properties=health.BROKEN_PROPERTIES) if message else None
 
 
-GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, sanitizer_absent, engine_build, engine_gpus,
-                           vllm_broken, producer_packages)
+GATES: tuple[Gate, ...] = (time_limit, expired_waiver, arch_absent, sanitizer_absent, engine_build, host_needs,
+                           engine_gpus, vllm_broken, producer_packages)
 
 
 def first_stop(config: pytest.Config, case: Case) -> Stop | None:

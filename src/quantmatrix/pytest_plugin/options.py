@@ -77,8 +77,9 @@ TRUST_MATRIX = Flag(TRUST_FLAG, "accept a matrix that sets trust_remote_code (th
                                 "the engine) or names files outside its repository: a matrix is data otherwise")
 ARCH = Flag("--arch", "treat this host as arch NAME (name or alias) instead of detecting its GPUs", _arch,
             metavar="NAME")
-STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cases whose arch this host lacks "
-                                            "(for a runner that is supposed to have that GPU)")
+STRICT_HARDWARE = Flag("--strict-hardware", "fail, instead of skip, gpu-tier cases whose arch this host lacks, "
+                                            "and cpu cells whose `needs` it lacks (for a runner that is supposed to "
+                                            "have that GPU or CPU)")
 STRICT_CHECKPOINTS = Flag("--strict-checkpoints", "fail, instead of skip, cases whose hub checkpoint is not in the "
                                                   "local HF cache (for a runner that is supposed to hold them: see "
                                                   "`quantmatrix fetch`)")

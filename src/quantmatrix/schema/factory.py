@@ -57,6 +57,7 @@ SCHEMES = {
     # integer weight-only (schemes.wna16): cpu_tiny's 64 inputs take groups of 32, gpu_tiny's 128 too
     "wna16_int4_g32": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32))),
     "wna16_int4_g32_actorder": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 32), ("actorder", True))),
+    "wna16_int4_g64": FactoryScheme("wna16", params=(("bits", 4), ("group_size", 64))),
     "wna16_int4_channel": FactoryScheme("wna16", params=(("bits", 4), ("group_size", -1))),
     "wna16_int8_g32": FactoryScheme("wna16", params=(("bits", 8), ("group_size", 32))),
     "wna16_int8_channel": FactoryScheme("wna16", params=(("bits", 8), ("group_size", -1))),

@@ -4,7 +4,7 @@ MatrixError at the node's file:line:column. schema.load applies them section by 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -64,11 +64,15 @@ def _globs(doc: Doc, node: yaml.Node, what: str) -> tuple[str, ...]:
     return (as_text(doc, node, what),)
 
 
-def selector(doc: Doc, node: yaml.Node, what: str) -> tuple[Selector, dict[str, yaml.Node]]:
-    rec = doc.record(node, what, {k: Field(_globs, "glob or list of globs", required=False)
-                                  for k in SELECTOR_KEYS})
+def selector(doc: Doc, node: yaml.Node, what: str, extra: Mapping[str, Field] | None = None
+             ) -> tuple[Selector, dict[str, yaml.Node], dict[str, Any]]:
+    """The selector, the node of each key given (for errors), and the values of the `extra` keys the entry may hold
+    beside its patterns (a cpu_cells entry's `needs`)."""
+    rec = doc.record(node, what, {**{k: Field(_globs, "glob or list of globs", required=False)
+                                     for k in SELECTOR_KEYS}, **(extra or {})})
     pats = {k: rec[k] for k in SELECTOR_KEYS if rec[k] is not None}
-    return Selector(pats), {k: rec[f"@{k}"] for k in pats}
+    nodes = {k[1:]: n for k, n in rec.items() if k.startswith("@")}
+    return Selector(pats), nodes, {k: rec[k] for k in extra or {}}
 
 
 def _faults(doc: Doc, node: yaml.Node, what: str) -> tuple[tuple[str, str], ...]:

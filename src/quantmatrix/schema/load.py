@@ -6,7 +6,6 @@ misspelt name, the closest valid one.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,10 +27,9 @@ from quantmatrix.schema.model import (
     MoeBackend,
     PerArch,
     Scheme,
-    Selector,
     Waiver,
-    is_glob,
 )
+from quantmatrix.schema.selectors import Selectors, narrow
 from quantmatrix.schema.synthetic import SyntheticSpec
 from quantmatrix.schema.vocab import HUB_COMMIT, PRODUCERS, TIERS, VLLM_PARTS
 from quantmatrix.schema.yamldoc import (
@@ -196,7 +194,6 @@ _CHECK_FIELDS = {
     "layouts": layouts.CHECK_FIELD,
     "description": Field(as_text, "what it proves"),
 }
-_NARROWING = ("cells", "except_cells", "cpu_cells")
 
 
 def _checks(doc: Doc, nodes: tuple[yaml.Node, ...], schemes: Mapping[str, Scheme]
@@ -302,38 +299,7 @@ def _check_per_arch(archs: tuple[Arch, ...], schemes: Mapping[str, Scheme], chec
                                           f"{name!r} under moe_backends{closest(name, backends)}")
 
 
-class _Selectors:
-    """Selector lists, each value without glob characters checked against what exists (no dangling names)."""
-
-    def __init__(self, doc: Doc, known: Mapping[str, list[str]]) -> None:
-        self.doc, self.known = doc, known
-
-    def one(self, node: yaml.Node, what: str, cell: bool = True) -> Selector:
-        sel, nodes = fields.selector(self.doc, node, what)
-        limits.check_selectors(self.doc, node, what, sel, cell)
-        for key, pats in sel.patterns.items():
-            for p in pats:
-                if not is_glob(p) and p not in self.known[key]:
-                    raise self.doc.error(nodes[key], f"{what}.{key}: no {key} named {p!r}"
-                                                     f"{closest(p, self.known[key])}")
-        return sel
-
-    def many(self, nodes: list[yaml.Node] | tuple[yaml.Node, ...], what: str) -> tuple[Selector, ...]:
-        return tuple(self.one(node, f"{what}[{i}]") for i, node in enumerate(nodes))
-
-
-def _narrow(doc: Doc, sel: _Selectors, checks: dict[str, Check], records: list[tuple[dict[str, Any], int]]) -> None:
-    """Apply each check's cells / except_cells / cpu_cells (they may name checkpoints defined after it)."""
-    for r, i in records:
-        cut = {key: sel.many(doc.sequence(r[key], f"checks[{i}].{key}"), f"checks[{i}].{key}")
-               for key in _NARROWING if r[key] is not None}
-        if cut.get("cpu_cells") and r["tier"] != "gpu":
-            raise doc.error(r["@cpu_cells"], f"checks[{i}].cpu_cells: only a gpu-tier check has cells that run "
-                                             "anywhere; this one is cpu tier already")
-        checks[r["name"]] = dataclasses.replace(checks[r["name"]], **cut)
-
-
-def _waivers(doc: Doc, sel: _Selectors, nodes: tuple[yaml.Node, ...]) -> tuple[Waiver, ...]:
+def _waivers(doc: Doc, sel: Selectors, nodes: tuple[yaml.Node, ...]) -> tuple[Waiver, ...]:
     out = []
     for i, node in enumerate(nodes):
         r = doc.record(node, f"waivers[{i}]", {
@@ -360,7 +326,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
     declared = layouts.parse(doc, top["layouts"])
     limits.check_cells(doc, top, (len(checkpoints), len(archs), len(modes), 1 + len(declared)), top["max_cells"],
                        len(top["include"]) + len(top["exclude"]))
-    sel = _Selectors(doc, {
+    sel = Selectors(doc, {
         "checkpoint": [c.id for c in checkpoints],
         "arch": [n for a in archs for n in (a.name, *a.aliases)],
         "mode": [m.name for m in modes],
@@ -369,7 +335,7 @@ def _build(doc: Doc, top: dict[str, Any]) -> Matrix:
         "producer": list(PRODUCERS),
         "check": list(checks),
     })
-    _narrow(doc, sel, checks, narrowed)
+    narrow(doc, sel, checks, narrowed)
     waivers = _waivers(doc, sel, top["waivers"])
     settings = None
     if top["e2e"] is not None:

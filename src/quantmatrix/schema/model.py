@@ -179,7 +179,7 @@ class Check:
     description: str
     cells: tuple[Selector, ...] = ()
     except_cells: tuple[Selector, ...] = ()
-    cpu_cells: tuple[Selector, ...] = ()
+    cpu_cells: tuple[CpuCells, ...] = ()
     vllm: tuple[str, ...] = ()  # the parts of vLLM it needs (vocab.VLLM_PARTS): broken ones fail it at once
     layouts: str = "serving"
 
@@ -196,7 +196,21 @@ class Check:
 
     def for_cell(self, cell: Cell, on_cpu: Check) -> Check:
         """This check as `cell` runs it: `on_cpu` (the cpu-tier copy) where a cpu_cells selector matches."""
-        return on_cpu if any(s.matches(cell) for s in self.cpu_cells) else self
+        return on_cpu if any(c.selector.matches(cell) for c in self.cpu_cells) else self
+
+    def host_needs(self, cell: Cell) -> tuple[str, ...]:
+        """What the cpu_cells entries matching `cell` say a host running it on vLLM's CPU build needs."""
+        return tuple(dict.fromkeys(n for c in self.cpu_cells if c.selector.matches(cell) for n in c.needs))
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuCells:
+    """A cpu_cells entry: the cells of a gpu-tier check that run on any host, and what that host needs
+    (vocab.HOST_NEEDS, each checked by host.cpu) where vLLM's CPU build runs them: a kernel vLLM has on some CPUs
+    only. A host without it skips them, saying what it lacks."""
+
+    selector: Selector
+    needs: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,9 @@ from quantmatrix.schema import factory
 PRODUCERS = tuple(factory.PRODUCERS)  # who made a checkpoint; the factory writes each (schema.factory)
 TIERS = ("cpu", "gpu")
 VLLM_PARTS = ("config", "layers", "engine")  # what a check imports of vLLM (adapter.health checks each)
+# What a cpu cell may need of the host that runs it on vLLM's CPU build (`cpu_cells[].needs`; host.cpu says what
+# each means and detects it): vLLM's Zen CPU platform (zentorch's experts), Intel AMX tiles (vLLM's own CPU experts).
+HOST_NEEDS = ("zen_cpu", "amx")
 # How a checkpoint's MoE runs: NVFP4 weight-only / W4A4, FP8 with static per-tensor activation scales, dynamic
 # per-token activations, or 128x128 weight blocks (dynamic per-group activations); INT8 weights per channel with
 # dynamic per-token INT8 activations; INT4 weights in groups with dynamic per-token FP8 activations; MXFP4 weights
