@@ -65,9 +65,9 @@ def test_layer_checks_pass_on_installed_vllm(pytester):
     # the healthy W8A8 INT8 one, 2 MXFP8 ones (healthy, scales a block short) and the healthy gpt-oss MXFP4 one x 3
     # checks, less the audit and shards of the config vLLM must refuse; 7 WNA16
     # ones that vLLM builds x 3 checks, under expert parallel less the 3 AWQ audits and 3 AWQ shards the matrix
-    # waives (xfail); 4 healthy exports x 3; at tp 8 only rank_shards passes (the refusal is what it demands), the
-    # others skip
-    for layout, cases in (("tp2", 3 * 29 - 2 + 3 * 7), ("tp2_ep", 3 * 29 - 2 + 3 * 7 - 6), ("tp4", 3 * 4),
+    # waives (xfail); the 2 groups-of-64 (Marlin) WNA16 ones x rank_shards alone; 4 healthy exports x 3; at tp 8
+    # only rank_shards passes (the refusal is what it demands), the others skip
+    for layout, cases in (("tp2", 3 * 29 - 2 + 3 * 7 + 2), ("tp2_ep", 3 * 29 - 2 + 3 * 7 - 6 + 2), ("tp4", 3 * 4),
                           ("tp8", 4)):
         assert sum(line.endswith(f"-{layout}]") for line in passed) == cases, layout
     for leaf in ("weight", "weight_packed"):  # ModelOpt's and compressed-tensors' names: 2 checkpoints x 2 checks
