@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,8 @@ CUSTOM_OPS = "vllm._custom_ops"
 # What each stand-in replaces, as a case names it.
 MARLIN_REPACK = "gptq_marlin_repack (Marlin tile repack: the packed words kept, reshaped to Marlin's shape)"
 FP8_QUANT = "scaled_fp8_quant (static / per-tensor FP8 quantization, in torch)"
+# The vllm._custom_ops functions replaced
+_REPLACED = ("gptq_marlin_repack", "scaled_fp8_quant")
 TO_DEVICE = "Tensor.cuda (the swizzled block scales stay on the CPU)"
 
 
@@ -32,10 +35,16 @@ class _Used:
             self.names.append(name)
 
 
-def _marlin_repack(used: _Used) -> Any:
-    def gptq_marlin_repack(b_q_weight: Any, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False) -> Any:
+def _marlin_repack(used: _Used, op: Any) -> Any:
+    """A stand-in taking the arguments the installed op takes (`op`'s signature): vLLM before 0.29 also passes
+    act-order's row permutation `perm`, a reordering within the tile layout the stand-in does not claim."""
+    signature = inspect.signature(op)
+
+    def gptq_marlin_repack(*args: Any, **kwargs: Any) -> Any:
         """Marlin's repacked shape, [size_k / 16, size_n * 16 / (32 / num_bits)] int32, holding the same words."""
         used.add(MARLIN_REPACK)
+        bound = signature.bind(*args, **kwargs).arguments
+        b_q_weight, size_k, size_n, num_bits = (bound[n] for n in ("b_q_weight", "size_k", "size_n", "num_bits"))
         rows = size_k // 16
         if b_q_weight.numel() * 16 != size_k * size_n * num_bits // 2 or size_k % 16:
             raise ValueError(f"stand-in gptq_marlin_repack: {tuple(b_q_weight.shape)} int32 does not hold a "
@@ -75,13 +84,14 @@ def standing_in() -> Iterator[list[str]]:
     except ImportError as e:
         raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: no {CUSTOM_OPS} ({e}); update "
                               "quantmatrix/adapter/standins.py") from e
-    replaced = {"gptq_marlin_repack": _marlin_repack, "scaled_fp8_quant": _fp8_quant}
-    missing = [n for n in replaced if not hasattr(ops, n)]
+    missing = [n for n in _REPLACED if not hasattr(ops, n)]
     if missing:
         raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: {CUSTOM_OPS} has no {', '.join(missing)}; "
                               "update quantmatrix/adapter/standins.py")
     used = _Used()
-    saved = {n: getattr(ops, n) for n in replaced}
+    saved = {n: getattr(ops, n) for n in _REPLACED}
+    stand_ins = {"gptq_marlin_repack": _marlin_repack(used, saved["gptq_marlin_repack"]),
+                 "scaled_fp8_quant": _fp8_quant(used)}
     cuda = torch.Tensor.cuda
 
     def to_device(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -89,8 +99,8 @@ def standing_in() -> Iterator[list[str]]:
         return self
 
     try:
-        for name, make in replaced.items():
-            setattr(ops, name, make(used))
+        for name, stand_in in stand_ins.items():
+            setattr(ops, name, stand_in)
         torch.Tensor.cuda = to_device  # type: ignore[method-assign]
         yield used.names
     finally:
