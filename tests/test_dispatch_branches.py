@@ -113,6 +113,9 @@ BF16_ON_NVFP4 = "a bf16 checkpoint would be loaded through an NVFP4 kernel"
      "'Unknown ModelOpt quant algo: W4A16_NVFP4'"),
     (WO, Resolution("compressed-tensors", "C", "", "weight_only"),
      "checkpoint claimed by vLLM quantization method 'compressed-tensors', expected 'modelopt_fp4'"),
+    ("qwen3moe-tiny-gptq-w4a16-desc-act", Resolution("auto_gptq", "C", "GPTQ", "weight_only"),  # vLLM 0.28 serves it
+     "a rejected checkpoint resolved to weight-only integer (WNA16) (auto_gptq/GPTQ): the matrix says vLLM must "
+     "refuse this config rather than guess a kernel"),
 ])
 def test_every_config_problem_word_for_word(matrix, tmp_path, ck, got, message):
     assert _config(matrix, ck, _write(tmp_path), got).problem == f"{message} [config shape: {SHAPE}]"

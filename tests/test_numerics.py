@@ -65,6 +65,16 @@ def test_no_backend_running_here_skips_with_the_gpu_tier_reason():
     assert "auto on host: No" in nothing.message
 
 
+def test_a_kernel_wanting_a_gpu_workers_workspace_is_not_run_on_a_cpu_host_but_is_a_fault_on_a_gpu():
+    """vLLM 0.28's modular MoE kernels take scratch from a workspace only its GPU worker makes."""
+    from quantmatrix.measure import numerics
+
+    error = "AssertionError: WorkspaceManager not initialized. Call init_workspace_manager() with a device"
+    assert numerics.not_on_this_host(error, "cpu") and not numerics.not_on_this_host(error, "cuda")
+    assert numerics.not_on_this_host("AssertionError: Torch not compiled with CUDA enabled", "cuda")
+    assert not numerics.not_on_this_host("RuntimeError: shape mismatch", "cpu")
+
+
 # ------------------------------------------------------------------------------------- against vLLM
 
 

@@ -25,6 +25,10 @@ HOST = "host"  # `where` of the runs built on this host's own platform, unsimula
 # need AMX tiles): the layer builds, its conversion finds no kernel.
 NOT_ON_THIS_HOST = (*kernel.CUDA_ONLY, "module 'triton.language' has no attribute",
                     "module 'triton' has no attribute", "Unsupported FP8 MoE backend: NONE")
+# What vLLM 0.28's modular MoE kernels raise where no GPU worker made the scratch workspace they take buffers from
+# (0.32 skips the workspace on the CPU platform). Only on the CPU: 0.28's workspace cannot be made there (it empties
+# the accelerator's cache as it grows), while on a GPU a missing workspace would be quantmatrix's to make.
+NO_GPU_WORKER = ("WorkspaceManager not initialized",)
 # Every layer whose experts ran stays alive for the process. zentorch (vLLM's ZEN_CPU backend) caches its prepacked
 # MoE weights by the weights' data pointer (measured: w13 changed in place runs the old weights, even after
 # zentorch_flush_moe_weight_cache; the same data at a new address runs the new), so a layer built later whose weights
@@ -118,6 +122,11 @@ def device(capability: tuple[int, int] | None) -> tuple[str, str | None]:
     return "cpu", f"its kernel runs on a GPU of capability {capability}, this host's is {real}"
 
 
+def not_on_this_host(error: str, on: str) -> bool:
+    """The kernel's error says it cannot run on this host (`on`: the device it ran on), not that it ran wrong."""
+    return any(m in error for m in NOT_ON_THIS_HOST) or (on == "cpu" and any(m in error for m in NO_GPU_WORKER))
+
+
 def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, where: str,
         state: Mapping[str, Any]) -> BackendRun:
     """Build every MoE layer with `asked` on `capability` (None: this host's platform), load, convert, run and
@@ -140,7 +149,7 @@ def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, wh
             out = kernel.run_experts(layer, hidden.to(on), logits.to(on)).cpu()
         except (AssertionError, AttributeError, RuntimeError, ValueError, TypeError) as e:
             text = f"{type(e).__name__}: {e}"
-            if any(marker in text for marker in NOT_ON_THIS_HOST):
+            if not_on_this_host(text, on):
                 return BackendRun(asked, where, backend, not_here=text.splitlines()[0][:200])
             raise
         _RAN.append(layer)

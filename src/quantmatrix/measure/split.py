@@ -128,7 +128,16 @@ def _place(shard: str, source: Sequence[int], row: Sequence[int], rank: int, ran
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Byte-exact (NaN equals NaN): b is cast to a's dtype first, as vLLM's copy_ casts what it loads."""
     b = b.to(a.dtype)
-    return a.shape == b.shape and bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+    return a.shape == b.shape and bool(torch.equal(_bytes(a), _bytes(b)))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in order. Torch calls a tensor contiguous whatever stride its size-1 dims keep (a one-value
+    slice, a transposed [n, 1] column), and a byte view refuses a last stride other than 1: those are copied."""
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def slices(s: Sequence[slice]) -> str:
