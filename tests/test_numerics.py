@@ -65,17 +65,29 @@ def test_no_backend_running_here_skips_with_the_gpu_tier_reason():
     assert "auto on host: No" in nothing.message
 
 
-def test_a_kernel_wanting_a_gpu_workers_workspace_is_not_run_on_a_cpu_host_but_is_a_fault_on_a_gpu():
-    """vLLM 0.28's modular MoE kernels take scratch from a workspace only its GPU worker makes."""
-    from quantmatrix.measure import numerics
-
-    error = "AssertionError: WorkspaceManager not initialized. Call init_workspace_manager() with a device"
-    assert numerics.not_on_this_host(error, "cpu") and not numerics.not_on_this_host(error, "cuda")
-    assert numerics.not_on_this_host("AssertionError: Torch not compiled with CUDA enabled", "cuda")
-    assert not numerics.not_on_this_host("RuntimeError: shape mismatch", "cpu")
-
-
 # ------------------------------------------------------------------------------------- against vLLM
+
+
+def test_a_platform_query_unanswered_here_is_named_and_the_workspace_is_set_up(monkeypatch):
+    """The CUDA build without a GPU: a kernel asking vLLM's platform what it cannot answer (Triton's config lookup
+    asks the device name) is named as not runnable here, and a modular kernel finds vLLM's workspace manager."""
+    import torch
+    from vllm.platforms.interface import Platform
+    from vllm.v1.worker import workspace
+
+    from quantmatrix.adapter import kernel
+
+    with pytest.raises(NotImplementedError) as raised:
+        Platform.get_device_name()
+    assert kernel.platform_lacks(raised.value) == ("vLLM's platform on this host does not implement get_device_name "
+                                                   "(the kernel asks the device)")
+    with pytest.raises(NotImplementedError) as own:
+        raise NotImplementedError
+    assert kernel.platform_lacks(own.value) is None
+    monkeypatch.setattr(workspace, "_manager", None)  # as in a process that never ran a model
+    kernel.workspace(torch.device("cpu"))
+    assert workspace.is_workspace_manager_initialized()
+
 
 
 @pytest.fixture(scope="module")
