@@ -197,3 +197,27 @@ def _no_hypothesis_plugin_in_the_runs_a_test_starts(request: pytest.FixtureReque
     if "pytester" in request.fixturenames:
         opts = os.environ.get("PYTEST_ADDOPTS", "")
         monkeypatch.setenv("PYTEST_ADDOPTS", f"{opts} -p no:hypothesispytest".strip())
+
+
+# Packages that register types and ops with torch once per process (and torch itself): kept across in-process runs.
+_REGISTER_WITH_TORCH = ("vllm", "torch", "zentorch", "triton", "flashinfer")
+
+
+@pytest.fixture(autouse=True)
+def _vllm_outlives_in_process_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM registers its types and ops with torch once per process. An in-process pytester run that imported it
+    first would drop it from sys.modules afterwards (pytester restores its snapshot), and the next import in this
+    process dies ("... is already registered as an opaque type"). pytester's snapshot keeps such packages."""
+    if "pytester" not in request.fixturenames:
+        return
+    from _pytest import pytester
+
+    snapshot = pytester.SysModulesSnapshot.__init__
+
+    def keeping(self: Any, preserve: Callable[[str], bool] | None = None) -> None:
+        def kept(name: str) -> bool:
+            return name.partition(".")[0] in _REGISTER_WITH_TORCH or bool(preserve and preserve(name))
+
+        snapshot(self, kept)
+
+    monkeypatch.setattr(pytester.SysModulesSnapshot, "__init__", keeping)

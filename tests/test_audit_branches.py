@@ -312,6 +312,22 @@ def test_a_sound_layer_has_no_findings_and_every_parameter_loaded():
     assert r.loaded == {EXPERTS + "w13_weight", EXPERTS + "w13_weight_scale", EXPERTS + "w13_input_scale"}
 
 
+def test_a_rank_parameter_indexed_by_global_expert_names_its_rows_by_global_expert():
+    """Under expert parallelism FlashInfer's NVFP4 input scales hold every expert on each rank (2 local of 4)."""
+    scale = torch.ones(4, 2)
+    scale[3, 1] = float("nan")
+    hole = torch.zeros(4, 2, dtype=torch.bool)
+    hole[3] = True
+    r = findings.measure_layer({EXPERTS + "w13_input_scale": scale}, {EXPERTS + "w13_input_scale": hole}, "B",
+                               READS, False, 2, (), global_experts=4)
+    assert [(f.kind, f.experts, f.detail) for f in r.findings] == [("unloaded", (3,), "2/8 elements")]
+    scale[3, 1], hole[3] = 1.0, False
+    hole[1] = True
+    local = findings.measure_layer({EXPERTS + "w13_input_scale": scale}, {EXPERTS + "w13_input_scale": hole}, "B",
+                                   READS, False, 2, ())
+    assert [f.experts for f in local.findings] == [()]  # without the global count: no row to name
+
+
 def test_unloaded_share_per_element_per_expert_row_or_whole():
     p = torch.ones(2, 3)
     elements = torch.tensor([[False, True, True], [False, False, False]])

@@ -113,6 +113,9 @@ BF16_ON_NVFP4 = "a bf16 checkpoint would be loaded through an NVFP4 kernel"
      "'Unknown ModelOpt quant algo: W4A16_NVFP4'"),
     (WO, Resolution("compressed-tensors", "C", "", "weight_only"),
      "checkpoint claimed by vLLM quantization method 'compressed-tensors', expected 'modelopt_fp4'"),
+    ("qwen3moe-tiny-gptq-w4a16-desc-act", Resolution("auto_gptq", "C", "GPTQ", "weight_only"),  # vLLM 0.28 serves it
+     "a rejected checkpoint resolved to weight-only integer (WNA16) (auto_gptq/GPTQ): the matrix says vLLM must "
+     "refuse this config rather than guess a kernel"),
 ])
 def test_every_config_problem_word_for_word(matrix, tmp_path, ck, got, message):
     assert _config(matrix, ck, _write(tmp_path), got).problem == f"{message} [config shape: {SHAPE}]"
@@ -162,7 +165,7 @@ def test_layer_verdict_records_the_method_and_backend(matrix):
      "tensors it reads (known: MARLIN, HUMMING, VLLM_CUTLASS, FLASHINFER_CUTLASS, FLASHINFER_TRTLLM, "
      "FLASHINFER_CUTEDSL, EMULATION, FP8_TRITON, FP8_DYNAMIC_TRITON, FP8_VLLM_CUTLASS, FP8_DYNAMIC_VLLM_CUTLASS, "
      "FP8_DYNAMIC_DEEPGEMM, FP8_FLASHINFER_CUTLASS, FP8_DYNAMIC_FLASHINFER_CUTLASS, FP8_FLASHINFER_TRTLLM, "
-     "FP8_DYNAMIC_FLASHINFER_TRTLLM, FP8_MARLIN, FP8_DYNAMIC_MARLIN, FP8_CPU, FP8_DYNAMIC_CPU, "
+     "FP8_DYNAMIC_FLASHINFER_TRTLLM, FP8_MARLIN, FP8_DYNAMIC_MARLIN, FP8_DYNAMIC_HUMMING, FP8_CPU, FP8_DYNAMIC_CPU, "
      "INT8_TRITON, INT8_HUMMING, INT8_CPU, WNA16_TRITON, "
      "WNA16_MARLIN, WNA16_BATCHED_MARLIN, WNA16_HUMMING, WNA16_FLASHINFER_TRTLLM, WNA16_EMULATION, WNA16_CPU, "
      "WNA16_ZEN_CPU, MXFP4_FLASHINFER_TRTLLM_MXFP4_BF16, MXFP4_FLASHINFER_TRTLLM_MXFP4_MXFP8, MXFP4_TRITON, "

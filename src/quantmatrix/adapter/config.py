@@ -87,10 +87,17 @@ def resolve(checkpoint_dir: Path) -> Resolution:
 
 
 def reason(error: Exception) -> str:
-    """vLLM's own words, without pydantic's wrapping around them."""
+    """vLLM's own words, without pydantic's wrapping around them; where it has none (a bare `assert`), the line of
+    vLLM that raised."""
     errors = getattr(error, "errors", None)
     if callable(errors):
         return "; ".join(str(e.get("msg", e)) for e in errors())
+    if not str(error) and error.__traceback__ is not None:
+        import traceback
+
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        where = frame.filename[frame.filename.rfind("vllm/"):] if "vllm/" in frame.filename else frame.filename
+        return f"{type(error).__name__} at {where}:{frame.lineno}: {frame.line}"
     return f"{type(error).__name__}: {error}"
 
 

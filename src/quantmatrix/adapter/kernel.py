@@ -27,6 +27,9 @@ CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' objec
              "Declaration: _C::",
              # an experts class that refuses the host's device when the conversion builds it (gpt-oss MXFP4 MARLIN)
              "kernel does not support current device cpu")
+# What a rank process (measure.pool forks them) hears instead of the driver's answer: importing vLLM's layers on a
+# CUDA torch already asked torch for CUDA in the process it forks from. Without a GPU it is the same "needs CUDA".
+FORKED = "Cannot re-initialize CUDA in forked subprocess"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +82,7 @@ def kernel_format(layer: MoELayer) -> KernelFormat:
             quant_config = convert(layer)
     except (AssertionError, AttributeError, RuntimeError, ValueError) as e:  # NotImplementedError is a RuntimeError
         text = f"{type(e).__name__}: {e}"
-        if any(marker in text for marker in CUDA_ONLY):
+        if any(marker in text for marker in CUDA_ONLY) or (FORKED in text and not torch.cuda.is_available()):
             return KernelFormat(needs_cuda=f"vLLM's kernel-format conversion for {layer.backend} needs CUDA on "
                                            f"this host ({text.splitlines()[0][:200]})")
         if type(e) is NotImplementedError:
@@ -182,9 +185,40 @@ def forward(layer: MoELayer, hidden: Any) -> Any:
     from vllm.forward_context import set_forward_context
 
     convert(layer)
+    workspace(hidden.device)
     with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without), \
             set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]):
         return layer.block(hidden)
+
+
+_workspace_on: list[str] = []  # the device quantmatrix last initialised vLLM's workspace manager on
+
+
+def workspace(device: Any) -> None:
+    """vLLM's workspace manager on `device`, as its GPU worker initialises it before the model runs: a modular MoE
+    kernel takes its scratch buffers from it on every platform but the CPU (a simulated CUDA arch included)."""
+    try:
+        from vllm.v1.worker.workspace import init_workspace_manager, is_workspace_manager_initialized
+    except ImportError as e:
+        raise AdapterMismatch(f"vLLM's workspace manager moved ({e}): update quantmatrix/adapter/kernel.py") from e
+    if is_workspace_manager_initialized() and _workspace_on == [str(device)]:
+        return
+    init_workspace_manager(device)
+    _workspace_on[:] = [str(device)]
+
+
+def platform_lacks(error: BaseException) -> str | None:
+    """The query of vLLM's platform that `error` says this host's platform does not answer (a bare
+    NotImplementedError raised inside vllm.platforms: the CUDA build without a GPU names no device, which Triton's
+    MoE config lookup asks for), or None for any other error."""
+    if type(error) is not NotImplementedError or error.__traceback__ is None:
+        return None
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    if not str(tb.tb_frame.f_globals.get("__name__", "")).startswith("vllm.platforms"):
+        return None
+    return f"vLLM's platform on this host does not implement {tb.tb_frame.f_code.co_name} (the kernel asks the device)"
 
 
 def route(layer: MoELayer, router_logits: Any) -> tuple[Any, Any]:
@@ -215,6 +249,7 @@ def run_experts(layer: MoELayer, hidden: Any, router_logits: Any) -> Any:
     from vllm.forward_context import set_forward_context
 
     convert(layer)
+    workspace(hidden.device)
     ex = layer.experts
     with set_current_vllm_config(layer.vllm_config), simulate.without(layer.simulated_without), \
             set_forward_context(None, layer.vllm_config, num_tokens=hidden.shape[0]), torch.no_grad():

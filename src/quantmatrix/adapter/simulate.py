@@ -58,6 +58,18 @@ def check_simulation(capability: tuple[int, int]) -> None:
                               "update quantmatrix/adapter/simulate.py")
 
 
+def no_platform_here() -> str | None:
+    """Why vLLM has no platform of its own on this host, or None. The CUDA build without a GPU detects none
+    (UnspecifiedPlatform): its backend oracles know no kernel for it (the unquantized one fails on an unset
+    variable), so layers are only built for a simulated arch there."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_unspecified():
+        return None
+    return (f"vLLM detects no platform on this host ({type(current_platform).__name__}: the CUDA build without a "
+            "GPU), so it has no kernels of its own here")
+
+
 @contextlib.contextmanager
 def simulate(capability: tuple[int, int]) -> Iterator[None]:
     """vLLM's platform reports `capability` inside the block, and is restored on exit.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,10 +36,21 @@ class _Used:
             self.names.append(name)
 
 
-def _marlin_repack(used: _Used) -> Any:
-    def gptq_marlin_repack(b_q_weight: Any, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False) -> Any:
+def _bound(op: Any) -> Any:
+    """The arguments of a call to the installed op, by name: vLLM before 0.29 also passes act-order's row
+    permutation `perm` second, a reordering within the tile layout the stand-ins do not claim."""
+    signature = inspect.signature(op)
+    return lambda *args, **kwargs: signature.bind(*args, **kwargs).arguments
+
+
+def _marlin_repack(used: _Used, op: Any) -> Any:
+    bind = _bound(op)
+
+    def gptq_marlin_repack(*args: Any, **kwargs: Any) -> Any:
         """Marlin's repacked shape, [size_k / 16, size_n * 16 / (32 / num_bits)] int32, holding the same words."""
         used.add(MARLIN_REPACK)
+        bound = bind(*args, **kwargs)
+        b_q_weight, size_k, size_n, num_bits = (bound[n] for n in ("b_q_weight", "size_k", "size_n", "num_bits"))
         rows = size_k // 16
         if b_q_weight.numel() * 16 != size_k * size_n * num_bits // 2 or size_k % 16:
             raise ValueError(f"stand-in gptq_marlin_repack: {tuple(b_q_weight.shape)} int32 does not hold a "
@@ -47,11 +59,15 @@ def _marlin_repack(used: _Used) -> Any:
     return gptq_marlin_repack
 
 
-def _marlin_moe_repack(used: _Used) -> Any:
-    def marlin_moe_repack(b_q_weight: Any, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False) -> Any:
+def _marlin_moe_repack(used: _Used, op: Any) -> Any:
+    bind = _bound(op)
+
+    def marlin_moe_repack(*args: Any, **kwargs: Any) -> Any:
         """Per expert, Marlin's repacked shape [size_k / 16, size_n * num_bits / 2] int32, holding the same words
         (GPTQ packs along k, AWQ along n: either way an expert holds size_k * size_n * num_bits / 32 words)."""
         used.add(MARLIN_MOE_REPACK)
+        bound = bind(*args, **kwargs)
+        b_q_weight, size_k, size_n, num_bits = (bound[n] for n in ("b_q_weight", "size_k", "size_n", "num_bits"))
         experts = b_q_weight.shape[0]
         if b_q_weight.numel() * 32 != experts * size_k * size_n * num_bits or size_k % 16:
             raise ValueError(f"stand-in Marlin MoE repack: {tuple(b_q_weight.shape)} int32 does not hold {experts} "
@@ -60,7 +76,7 @@ def _marlin_moe_repack(used: _Used) -> Any:
     return marlin_moe_repack
 
 
-def _fp8_quant(used: _Used) -> Any:
+def _fp8_quant(used: _Used, op: Any) -> Any:
     def scaled_fp8_quant(input: Any, scale: Any = None, num_token_padding: Any = None, scale_ub: Any = None,
                          use_per_token_if_dynamic: bool = False, output: Any = None, group_shape: Any = None) -> Any:
         """vLLM's per-tensor FP8 quantization (static scale, or a dynamic amax / 448 one): x / scale, saturated."""
@@ -107,7 +123,7 @@ def standing_in() -> Iterator[list[str]]:
 
     try:
         for name, make in replaced.items():
-            setattr(ops, name, make(used))
+            setattr(ops, name, make(used, saved[name]))
         torch.Tensor.cuda = to_device  # type: ignore[method-assign]
         yield used.names
     finally:

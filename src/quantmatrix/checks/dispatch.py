@@ -87,6 +87,11 @@ def config_shape(checkpoint_dir: Path) -> str:
     return "; ".join([*parts, _groups_part(declare(qc))])
 
 
+def _words(scheme: str, family: str) -> str:
+    """A resolves_to word as the checkpoint's scheme family says it (integer weight-only is not NVFP4)."""
+    return _FAMILY_WORDS.get(family, {}).get(scheme, _SCHEME_WORDS[scheme])
+
+
 def config_verdict(case: Case, checkpoint_dir: Path, got: Resolution) -> Verdict:
     """The checkpoint's config, through vLLM's real resolution, picks the scheme (and method) the matrix expects."""
     shape = config_shape(checkpoint_dir)
@@ -138,17 +143,18 @@ def _config_problem(checkpoint: Checkpoint, got: Resolution, shape: str) -> str 
     because = checkpoint.expectation("rejected_because") if settled and expected == "rejected" else None
     method = checkpoint.expectation("quant_method") if settled and expected != "rejected" else None
     matched = because is not None and bounded.regex(because).search(got.detail) is not None
-    return config_problem(expected, method, because, matched, got, shape)
+    family = factory.SCHEMES[checkpoint.scheme.factory].module if checkpoint.scheme.factory in factory.SCHEMES else ""
+    return config_problem(expected, method, because, matched, got, shape, family)
 
 
 def config_problem(expected: str, method: str | None, because: str | None, matched: bool, got: Resolution,
-                   shape: str) -> str | None:
+                   shape: str, family: str = "") -> str | None:
     """None when the resolution is what the matrix expects (scheme `expected`; then the quant `method`, or for a
     refusal vLLM's words matching the pattern `because`, which the caller searched: `matched`), else the message
-    a maintainer reads."""
+    a maintainer reads; `family` as for layer_problem."""
     if got.scheme != expected:
         routed = f"{got.method}/{got.algo}" if got.algo else got.method
-        head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_SCHEME_WORDS[got.scheme]} "
+        head = (f"{_SCHEME_WORDS[expected]} checkpoint resolved to {_words(got.scheme, family)} "
                 f"({routed})" if got.scheme != "rejected" else
                 f"{_SCHEME_WORDS[expected]} checkpoint was rejected by vLLM: {got.detail}")
         why = _CONSEQUENCE.get((expected, got.scheme))
@@ -205,8 +211,7 @@ def layer_problem(expected: str, wanted: str | None, pinned: list[str] | None, o
     got = layer.scheme or ("weight_only" if layer.weight_only else "w4a4")  # a Built record from before schemes
     if got != expected:
         why = _FAMILY_CONSEQUENCE.get((family, expected, got)) or _CONSEQUENCE.get((expected, got))
-        words = _FAMILY_WORDS.get(family, {}).get(expected, _SCHEME_WORDS[expected])
-        return (f"{words} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
+        return (f"{_words(expected, family)} checkpoint built as {_SCHEME_WORDS[got]} MoE ({layer.method}, "
                 f"backend {layer.backend}) {on}" + (f": {why}" if why else ""))
     backend = backends.get(layer.backend)
     if backend is None:

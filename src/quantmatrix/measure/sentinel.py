@@ -88,10 +88,11 @@ class Loaded:
     unloaded: dict[str, torch.Tensor]
     refusals: list[Finding]
     num_experts: int
+    global_experts: int = 0  # under a parallel layout: the model's count, by which some parameters are indexed
 
     def measure(self, backend: str, reads: frozenset[str], single_input_scale: bool) -> AuditReport:
         return findings.measure_layer(self.params, self.unloaded, backend, reads, single_input_scale,
-                                      self.num_experts, self.refusals)
+                                      self.num_experts, self.refusals, self.global_experts)
 
 
 def load_twice(layer: MoELayer, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> Loaded:

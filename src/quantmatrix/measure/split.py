@@ -140,9 +140,12 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes in row-major order (a copy with standard strides: contiguous() keeps a size-1 axis's
-    stride, which a byte view refuses)."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t).view(torch.uint8)
+    """The tensor's bytes in order. Torch calls a tensor contiguous whatever stride its size-1 dims keep (a one-value
+    slice, a transposed [n, 1] column), and a byte view refuses a last stride other than 1: those are copied."""
+    flat = t.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def slices(s: Sequence[slice]) -> str:
