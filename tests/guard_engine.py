@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 GUARD_ENV = "QUANTMATRIX_GUARD"
+# Every engine that ran stays alive for the process. zentorch (vLLM's CPU MoE kernels here) caches its prepacked
+# expert weights by their data pointer, so an engine whose weights land where a freed engine's were could run those
+# (seen: `zentorch_fused_moe ... failed with status 0` in about 1 of 7 runs; measure/numerics.py keeps its layers the
+# same way).
+_RAN: list[Any] = []
 
 
 def _start(model: str, request: dict[str, Any], guard: str | None, label: str) -> dict[str, Any]:
@@ -37,7 +42,7 @@ def _start(model: str, request: dict[str, Any], guard: str | None, label: str) -
         return {"started": False, "error": f"{type(e).__name__}: {e}"}
     outputs = llm.generate(request["prompts"], adapter.sampling_params(request["max_tokens"], 1), use_tqdm=False)
     tokens = [o["token_ids"] for o in adapter.completions(outputs)]
-    del llm
+    _RAN.append(llm)
     _release()
     return {"started": True, "tokens": tokens}
 
