@@ -101,4 +101,4 @@ def test_transposed_compressed_tensors_storage_reads_back_the_same_codes():
         assert torch.equal(adapter.logical_param(key, leaf, stored, 4), flat)
         assert torch.equal(flat, values)
     with pytest.raises(AdapterMismatch, match="adapter/wna16.py"):
-        adapter.logical_param("SomeNewWNA16MoEMethod", "weight_packed", codes, 4)
+        adapter.logical_param("SomeNewWNA16MoEMethod", "weight_packed", codes.to(torch.int32), 4)

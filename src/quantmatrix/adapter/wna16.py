@@ -99,11 +99,14 @@ def unpack_bytes(packed: Any, bits: int, dim: int) -> Any:
 def logical_param(method: str, leaf: str, stored: Any, bits: int) -> Any:
     """A fused expert parameter (experts first) as the logical codes, zero points or scales its rows hold
     ([experts, out, in or groups]), undoing the method's storage (STORED, keyed by storage()); unchanged where it
-    stores them plain. A method STORED does not know would be compared raw, its packing read as the checkpoint's."""
-    if method not in STORED:
+    stores them plain. Int32 words of a method STORED does not know would be compared raw, their packing read as the
+    checkpoint's: an AdapterMismatch (plain int8 values, e.g. W8A8's, need no entry)."""
+    import torch
+
+    if method not in STORED and stored.dtype == torch.int32:
         raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: how MoE method {method} stores packed integer "
                               "weights is unknown; add it to STORED in quantmatrix/adapter/wna16.py")
-    how = STORED[method].get(leaf)
+    how = STORED.get(method, {}).get(leaf)
     if how is None or stored.dim() < 3:
         return stored
     packing, axis, transposed, offset = how
