@@ -80,3 +80,25 @@ def test_activation_order_groups_a_permutation_of_the_grid():
     q = wna16.quantize(w, 4, 32, symmetric=True, order=order)
     assert sorted(q.g_idx.tolist()) == [0] * 32 + [1] * 32
     assert q.g_idx[order[:32].long()].tolist() == [0] * 32  # the first 32 inputs in the order form group 0
+
+
+def test_transposed_compressed_tensors_storage_reads_back_the_same_codes():
+    """vLLM 0.28's CompressedTensorsWNA16MoEMethod stores Marlin's rows input axis first ([in / 8, out] words,
+    [groups, out / 8] zero points); read back through STORED they are the same logical codes as 0.32's N-first rows,
+    and a method STORED does not know is an AdapterMismatch, never a raw comparison."""
+    from quantmatrix.adapter import wna16 as adapter
+    from quantmatrix.errors import AdapterMismatch
+
+    codes = torch.randint(0, 16, (2, 16, 64), generator=torch.Generator().manual_seed(3))
+    zeros = torch.randint(0, 16, (2, 16, 2), generator=torch.Generator().manual_seed(4))
+    method = type("CompressedTensorsWNA16MoEMethod", (), {"is_transposed": True})()
+    key = adapter.storage(method)
+    assert key == "CompressedTensorsWNA16MoEMethod transposed"
+    for leaf, values, packed_dim in (("weight_packed", codes, 2), ("weight_zero_point", zeros, 1)):
+        flat = adapter.logical_param("CompressedTensorsWNA16MoEMethod", leaf,
+                                     wna16.pack_int32(values, 4, packed_dim), 4)
+        stored = wna16.pack_int32(values, 4, packed_dim).transpose(1, 2).contiguous()
+        assert torch.equal(adapter.logical_param(key, leaf, stored, 4), flat)
+        assert torch.equal(flat, values)
+    with pytest.raises(AdapterMismatch, match="adapter/wna16.py"):
+        adapter.logical_param("SomeNewWNA16MoEMethod", "weight_packed", codes.to(torch.int32), 4)

@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from quantmatrix.adapter.versions import Span, pick
+from quantmatrix.errors import AdapterMismatch
+
 BLOCK = "MLPBlock"  # gpt-oss's MoE block class (adapter.layers builds it)
 _MODEL = "vllm.model_executor.models.gpt_oss"
+# The GptOssModel methods its MXFP4 loader calls on itself, which the stand-in borrows: 0.32 also tries each
+# tensor as a streamed single expert first (measured: 0.28.0 lacks the method, 0.32.0 and 0.34.0 call it; the
+# releases between are unmeasured and fail loudly until someone looks).
+_LOADER_METHODS = (Span(("load_weights", "_load_weights_mxfp4"), before="0.29.0"),
+                   Span(("load_weights", "_load_weights_mxfp4", "_try_load_streamed_expert"), since="0.32.0"))
 
 
 def owns(block: Any) -> bool:
@@ -31,12 +39,14 @@ def load(block: Any, prefix: str, vllm_config: Any, tensors: Iterable[tuple[str,
     if parts[:2] != ["model", "layers"] or len(parts) != 4 or not parts[2].isdigit():
         raise ValueError(f"{prefix!r} is not a gpt-oss block prefix (model.layers.<i>.mlp.)")
 
-    class StandIn(torch.nn.Module):
-        """GptOssModel with only this block: its config and parallel config, its loader."""
+    methods = {}
+    for name in pick("GptOssModel's MXFP4 loader methods", _LOADER_METHODS, "gpt_oss.py"):
+        if not hasattr(model.GptOssModel, name):  # a helper moved: the stand-in would load nothing, silently
+            raise AdapterMismatch(f"GptOssModel has no {name}: update quantmatrix/adapter/gpt_oss.py")
+        methods[name] = getattr(model.GptOssModel, name)  # a classmethod stays bound to GptOssModel
 
-        load_weights = model.GptOssModel.load_weights
-        _load_weights_mxfp4 = model.GptOssModel._load_weights_mxfp4
-        _try_load_streamed_expert = model.GptOssModel._try_load_streamed_expert
+    class StandIn(torch.nn.Module):
+        """GptOssModel with only this block: its config and parallel config, its loader (`methods`)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -44,10 +54,21 @@ def load(block: Any, prefix: str, vllm_config: Any, tensors: Iterable[tuple[str,
             self.parallel_config = vllm_config.parallel_config
             self.layers = torch.nn.ModuleDict({parts[2]: torch.nn.ModuleDict({parts[3]: block})})
 
+    for name, method in methods.items():
+        setattr(StandIn, name, method)
+
     local = f"layers.{parts[2]}.{parts[3]}."
     mapped = [(name.removeprefix("model."), t) for name, t in model.GptOssForCausalLM.hf_to_vllm_mapper.apply(
         (name, t) for name, t in tensors if name.startswith(prefix))]
-    return {n.removeprefix(local) for n in StandIn().load_weights(mapped)}
+    stand_in = StandIn()
+    try:
+        loaded = stand_in.load_weights(mapped)
+    except AttributeError as e:  # the loader wants more of GptOssModel than the stand-in has: not a vLLM refusal
+        if e.obj is stand_in or e.obj is StandIn:
+            raise AdapterMismatch(f"gpt-oss's loader needs GptOssModel.{e.name}, which the stand-in lacks: update "
+                                  "quantmatrix/adapter/gpt_oss.py") from e
+        raise
+    return {n.removeprefix(local) for n in loaded}
 
 
 def corners(block: Any, experts: Any, hf_config: Any) -> dict[str, tuple[int, ...]]:

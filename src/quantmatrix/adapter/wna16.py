@@ -61,14 +61,29 @@ def unpack(packed: Any, bits: int, packed_dim: int, slot_order: str) -> Any:
 # bits first; zero points packed along the outputs, GPTQ's already + 1); "sequential" / "awq": int32 words in that
 # slot order (compressed-tensors keeps its checkpoint's packing; AutoGPTQMoEMethod and AutoAWQMoEMethod, Marlin's,
 # keep GPTQ's and AWQ's own, input axis first, GPTQ's v1 zero points still - 1); None: values unpacked. Leaves not
-# named are stored as their logical [out, in or groups] values.
+# named are stored as their logical [out, in or groups] values. A method whose instance says `is_transposed` keeps
+# its rows input axis first (storage()): vLLM 0.28's CompressedTensorsWNA16MoEMethod on every backend but FlashInfer
+# TRT-LLM's (Marlin's [in / 8, out] words, [groups, out] scales, [groups, out / 8] zero points); 0.32's never.
 STORED = {"MoeWNA16Method": {"qweight": ("bytes", 1, False, 0), "qzeros": ("bytes", 0, False, 0)},
           "CompressedTensorsWNA16MoEMethod": {"weight_packed": ("sequential", 1, False, 0),
                                               "weight_zero_point": ("sequential", 0, False, 0)},
           "AutoGPTQMoEMethod": {"qweight": ("sequential", 0, True, 0), "qzeros": ("sequential", 1, True, 1),
                                 "scales": (None, 0, True, 0)},
           "AutoAWQMoEMethod": {"qweight": ("awq", 1, True, 0), "qzeros": ("awq", 1, True, 0),
-                               "scales": (None, 0, True, 0)}}
+                               "scales": (None, 0, True, 0)},
+          "CompressedTensorsWNA16MoEMethod transposed": {"weight_packed": ("sequential", 0, True, 0),
+                                                         "weight_zero_point": ("sequential", 1, True, 0),
+                                                         "weight_scale": (None, 0, True, 0)}}
+_TRANSPOSABLE = ("CompressedTensorsWNA16MoEMethod",)
+
+
+def storage(method: Any) -> str:
+    """The STORED entry a built MoE method's parameters follow: its class, and for a method that stores either way,
+    whether this instance stores its rows input axis first."""
+    name = type(method).__name__
+    if name in _TRANSPOSABLE and getattr(method, "is_transposed", False):
+        return f"{name} transposed"
+    return name
 
 
 def unpack_bytes(packed: Any, bits: int, dim: int) -> Any:
@@ -83,7 +98,14 @@ def unpack_bytes(packed: Any, bits: int, dim: int) -> Any:
 
 def logical_param(method: str, leaf: str, stored: Any, bits: int) -> Any:
     """A fused expert parameter (experts first) as the logical codes, zero points or scales its rows hold
-    ([experts, out, in or groups]), undoing the method's storage (STORED); unchanged where it stores them plain."""
+    ([experts, out, in or groups]), undoing the method's storage (STORED, keyed by storage()); unchanged where it
+    stores them plain. Int32 words of a method STORED does not know would be compared raw, their packing read as the
+    checkpoint's: an AdapterMismatch (plain int8 values, e.g. W8A8's, need no entry)."""
+    import torch
+
+    if method not in STORED and stored.dtype == torch.int32:
+        raise AdapterMismatch(f"vLLM {versions()['vllm_version']}: how MoE method {method} stores packed integer "
+                              "weights is unknown; add it to STORED in quantmatrix/adapter/wna16.py")
     how = STORED.get(method, {}).get(leaf)
     if how is None or stored.dim() < 3:
         return stored
