@@ -39,7 +39,7 @@ def per_scheme(only: list[str], arch: str | None) -> None:
     sys.path.insert(0, str(ROOT / "src"))
     from quantmatrix.schema.load import DEFAULT_MATRIX, load
 
-    markers = [s.marker for s in load(ROOT / DEFAULT_MATRIX).schemes.values()]
+    markers = list(dict.fromkeys(s.marker for s in load(ROOT / DEFAULT_MATRIX).schemes.values()))  # schemes share some
     unknown = sorted(set(only) - set(markers))
     if unknown:
         sys.exit(f"no scheme marker {', '.join(unknown)} in {DEFAULT_MATRIX} (markers: {', '.join(markers)})")
