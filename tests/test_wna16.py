@@ -5,6 +5,7 @@ the producers' layout tables) against the factory's own reference numbers, for e
 from __future__ import annotations
 
 import importlib
+import types
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ def test_transposed_compressed_tensors_storage_reads_back_the_same_codes():
     codes = torch.randint(0, 16, (2, 16, 64), generator=torch.Generator().manual_seed(3))
     zeros = torch.randint(0, 16, (2, 16, 2), generator=torch.Generator().manual_seed(4))
     method = type("CompressedTensorsWNA16MoEMethod", (), {"is_transposed": True})()
-    key = adapter.storage(method)
+    key = adapter.storage(types.SimpleNamespace(quant_method=method))
     assert key == "CompressedTensorsWNA16MoEMethod transposed"
     for leaf, values, packed_dim in (("weight_packed", codes, 2), ("weight_zero_point", zeros, 1)):
         flat = adapter.logical_param("CompressedTensorsWNA16MoEMethod", leaf,

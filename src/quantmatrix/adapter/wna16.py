@@ -77,9 +77,10 @@ STORED = {"MoeWNA16Method": {"qweight": ("bytes", 1, False, 0), "qzeros": ("byte
 _TRANSPOSABLE = ("CompressedTensorsWNA16MoEMethod",)
 
 
-def storage(method: Any) -> str:
-    """The STORED entry a built MoE method's parameters follow: its class, and for a method that stores either way,
-    whether this instance stores its rows input axis first."""
+def storage(experts: Any) -> str:
+    """The STORED entry a built MoE block's parameters follow: its method's class, and for a method that stores
+    either way, whether this instance stores its rows input axis first."""
+    method = experts.quant_method
     name = type(method).__name__
     if name in _TRANSPOSABLE and getattr(method, "is_transposed", False):
         return f"{name} transposed"

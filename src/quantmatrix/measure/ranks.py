@@ -92,7 +92,7 @@ def _load(built: list[layers.MoELayer], tensors: Callable[[], Any], rank: int, j
         for u in undo:
             u()
     params = {n: p for one in loaded for n, p in one.params.items()}
-    logical = _logical(params, wna16.storage(built[0].experts.quant_method), ck)
+    logical = _logical(params, wna16.storage(built[0].experts), ck)
     found, compared = shards.compare_rank(logical, facts, rank, job.tp, job.ep, ck)
     global_params = [n for n, p in params.items() if fused_parts(n) and p.dim() and len(facts.experts)
                      != facts.global_experts == p.shape[0]]
